@@ -1,0 +1,395 @@
+//! Decoding request and response bodies: pure JSON, JSON followed by binary chunks
+//! (`Inference-Header-Content-Length`), mixed, and raw binary requests.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::datatype::DataType;
+use super::error::{ProtocolError, Result, Role};
+use super::json_data;
+use super::limits::Limits;
+use super::message::{InferRequest, InferResponse, RequestedOutput};
+use super::params::{OutputOptions, Parameters, RequestOptions};
+use super::tensor::{check_bytes_framing, checked_element_count, format_shape, Tensor};
+
+pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
+
+/// A request body split by its `Inference-Header-Content-Length`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestBody {
+    /// JSON, possibly followed by binary tensor data.
+    Message(InferRequest),
+    /// `Inference-Header-Content-Length: 0`: the body is the data of the model's only input.
+    /// Expanding it needs the model's metadata (`raw::expand_raw`).
+    Raw(Bytes),
+}
+
+/// Splits `body` into its JSON header and binary part. `header_length` is the raw value of
+/// the `Inference-Header-Content-Length` header, if present.
+pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
+    let Some(raw) = header_length else {
+        return Ok((body.clone(), Bytes::new()));
+    };
+    let text = std::str::from_utf8(raw).unwrap_or("").trim();
+    let n: usize = text
+        .parse()
+        .ok()
+        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| {
+            ProtocolError::invalid(format!(
+                "Inference-Header-Content-Length must be a non-negative integer, got '{}'",
+                String::from_utf8_lossy(raw)
+            ))
+        })?;
+    if n > body.len() {
+        return Err(ProtocolError::invalid(format!(
+            "Inference-Header-Content-Length is {n} but the body has only {} bytes",
+            body.len()
+        )));
+    }
+    Ok((body.slice(..n), body.slice(n..)))
+}
+
+#[derive(Deserialize)]
+struct WireTensor<'a> {
+    name: String,
+    datatype: String,
+    shape: Vec<serde_json::Number>,
+    #[serde(default)]
+    parameters: Parameters,
+    #[serde(borrow, default)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct WireRequestedOutput {
+    name: String,
+    #[serde(default)]
+    parameters: Parameters,
+}
+
+#[derive(Deserialize)]
+struct WireRequest<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Parameters,
+    #[serde(borrow)]
+    inputs: Vec<WireTensor<'a>>,
+    #[serde(default)]
+    outputs: Option<Vec<WireRequestedOutput>>,
+}
+
+#[derive(Deserialize)]
+struct WireResponse<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model_name: String,
+    #[serde(default)]
+    model_version: Option<String>,
+    #[serde(default)]
+    parameters: Parameters,
+    #[serde(borrow)]
+    outputs: Vec<WireTensor<'a>>,
+}
+
+/// Hands out the binary chunks that follow the JSON header, in order, as slices of the body.
+struct BinaryCursor {
+    rest: Bytes,
+}
+
+impl BinaryCursor {
+    fn take(&mut self, n: u64) -> Result<Bytes> {
+        if n > self.rest.len() as u64 {
+            return Err(ProtocolError::invalid(format!(
+                "binary_data_size is {n} but only {} bytes of binary data remain ({} missing)",
+                self.rest.len(),
+                n - self.rest.len() as u64
+            )));
+        }
+        Ok(self.rest.split_to(n as usize))
+    }
+
+    fn finish(self, role: Role) -> Result<()> {
+        if self.rest.is_empty() {
+            return Ok(());
+        }
+        let what = match role {
+            Role::Input => "request body has",
+            Role::Output => "response body has",
+        };
+        Err(ProtocolError::invalid(format!(
+            "{what} {} bytes after the last binary {role}",
+            self.rest.len()
+        )))
+    }
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str, limits: &Limits) -> Result<T> {
+    if json.len() > limits.max_json_bytes {
+        return Err(ProtocolError::too_large(format!(
+            "the JSON {what} is {} bytes; the limit is {}",
+            json.len(),
+            limits.max_json_bytes
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let value = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| describe_json_error(json, what, e))?;
+    de.end().map_err(|e| {
+        ProtocolError::invalid(format!("invalid JSON {what}: {e}"))
+    })?;
+    Ok(value)
+}
+
+/// Turns a serde error into a message that names the tensor and field where possible,
+/// e.g. `input 'INPUT0': field 'shape[1]': invalid type: ...`.
+#[cold]
+fn describe_json_error(
+    json: &[u8],
+    what: &str,
+    err: serde_path_to_error::Error<serde_json::Error>,
+) -> ProtocolError {
+    let inner = err.inner().to_string();
+    let hint = non_finite_hint(json, err.inner());
+    let path = err.path().to_string();
+    // Find "inputs[3]" or "outputs[0]" at the head of the path and name that tensor.
+    let mut segments = path.splitn(2, '.');
+    let head = segments.next().unwrap_or("");
+    let field = segments.next();
+    if let Some((list, idx)) = head.split_once('[') {
+        let idx: Option<usize> = idx.trim_end_matches(']').parse().ok();
+        let role = match list {
+            "inputs" => Some("input"),
+            "outputs" => Some("output"),
+            _ => None,
+        };
+        if let (Some(role), Some(idx)) = (role, idx) {
+            let name = serde_json::from_slice::<serde_json::Value>(json)
+                .ok()
+                .and_then(|v| v.get(list)?.get(idx)?.get("name")?.as_str().map(String::from));
+            let who = match name {
+                Some(n) => format!("{role} '{n}'"),
+                None => format!("{role} {idx}"),
+            };
+            return ProtocolError::invalid(match field {
+                Some(f) => format!("{who}: field '{f}': {inner}{hint}"),
+                None => format!("{who}: {inner}{hint}"),
+            });
+        }
+    }
+    if path == "." || path.is_empty() {
+        ProtocolError::invalid(format!("invalid JSON {what}: {inner}{hint}"))
+    } else {
+        ProtocolError::invalid(format!("invalid JSON {what}: field '{path}': {inner}{hint}"))
+    }
+}
+
+/// Python's json.dumps writes bare NaN and Infinity, which are not JSON; say what to send.
+fn non_finite_hint(json: &[u8], err: &serde_json::Error) -> &'static str {
+    if !err.is_syntax() {
+        return "";
+    }
+    let (line, col) = (err.line(), err.column());
+    let Some(text) = json.split(|b| *b == b'\n').nth(line.saturating_sub(1)) else {
+        return "";
+    };
+    let at = &text[col.saturating_sub(1).min(text.len())..];
+    if [&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| at.starts_with(w)) {
+        " (write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
+    } else {
+        ""
+    }
+}
+
+fn check_unique<'a>(names: impl Iterator<Item = &'a str>, role: Role) -> Result<()> {
+    let mut seen = HashSet::new();
+    for n in names {
+        if !seen.insert(n) {
+            return Err(ProtocolError::invalid(format!("duplicate {role} name '{n}'")));
+        }
+    }
+    Ok(())
+}
+
+fn parse_shape(raw: &[serde_json::Number]) -> Result<Vec<u64>> {
+    raw.iter()
+        .map(|n| {
+            if let Some(u) = n.as_u64() {
+                Ok(u)
+            } else if n.as_i64().is_some() {
+                Err(ProtocolError::invalid(format!(
+                    "shape {} has a negative dimension {n}",
+                    format_shape(raw)
+                )))
+            } else {
+                Err(ProtocolError::invalid(format!(
+                    "shape {} has a dimension {n} that is not an unsigned 64-bit integer",
+                    format_shape(raw)
+                )))
+            }
+        })
+        .collect()
+}
+
+/// The error for a binary size that does not match the shape of a fixed-size type.
+fn size_mismatch(size: u64, dt: DataType, shape: &[u64], need: Option<u64>) -> ProtocolError {
+    ProtocolError::invalid(format!(
+        "binary_data_size is {size} but shape {} of {dt} needs {} bytes",
+        format_shape(shape),
+        need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string())
+    ))
+}
+
+/// Checks binary tensor data against the datatype and element count: the byte size of
+/// fixed-size types, the 0/1 values of BOOL, and the framing of BYTES.
+pub(crate) fn check_binary(dt: DataType, shape: &[u64], count: u64, data: &[u8]) -> Result<()> {
+    match dt.fixed_size() {
+        Some(size) => {
+            let need = count.checked_mul(size as u64);
+            if need != Some(data.len() as u64) {
+                return Err(size_mismatch(data.len() as u64, dt, shape, need));
+            }
+            if dt == DataType::Bool {
+                if let Some(i) = data.iter().position(|b| *b > 1) {
+                    return Err(ProtocolError::invalid(format!(
+                        "BOOL element {i} is the byte {}; it must be 0 or 1",
+                        data[i]
+                    )));
+                }
+            }
+            Ok(())
+        }
+        None => check_bytes_framing(data, count),
+    }
+}
+
+fn build_tensor(w: WireTensor<'_>, cursor: &mut BinaryCursor, limits: &Limits) -> Result<Tensor> {
+    let datatype = DataType::parse(&w.datatype)
+        .ok_or_else(|| ProtocolError::invalid(format!("unknown datatype '{}'", w.datatype)))?;
+    let shape = parse_shape(&w.shape)?;
+    let count = checked_element_count(&shape, limits.max_tensor_elements)?;
+    let mut parameters = w.parameters;
+    let binary_size = parameters.get_uint("binary_data_size")?;
+    parameters.remove("binary_data_size");
+    let data = match (w.data, binary_size) {
+        (Some(_), Some(_)) => {
+            return Err(ProtocolError::invalid(
+                "has both 'data' and 'parameters.binary_data_size'",
+            ))
+        }
+        (None, None) => {
+            return Err(ProtocolError::invalid(
+                "has neither 'data' nor 'parameters.binary_data_size'",
+            ))
+        }
+        (Some(raw), None) => {
+            let (bytes, n) =
+                json_data::parse_data(raw.get().as_bytes(), datatype, limits.max_json_depth, count)?;
+            if n != count {
+                return Err(ProtocolError::invalid(format!(
+                    "shape {} needs {count} elements, data has {n}",
+                    format_shape(&shape)
+                )));
+            }
+            Bytes::from(bytes)
+        }
+        (None, Some(size)) => {
+            // A size that contradicts the shape is reported before the body is consulted.
+            if let Some(elem) = datatype.fixed_size() {
+                let need = count.checked_mul(elem as u64);
+                if need != Some(size) {
+                    return Err(size_mismatch(size, datatype, &shape, need));
+                }
+            }
+            let chunk = cursor.take(size)?;
+            check_binary(datatype, &shape, count, &chunk)?;
+            chunk
+        }
+    };
+    Ok(Tensor {
+        name: w.name,
+        datatype,
+        shape,
+        parameters,
+        data,
+    })
+}
+
+fn build_tensors(
+    wire: Vec<WireTensor<'_>>,
+    binary: Bytes,
+    role: Role,
+    limits: &Limits,
+) -> Result<Vec<Tensor>> {
+    check_unique(wire.iter().map(|t| t.name.as_str()), role)?;
+    let mut cursor = BinaryCursor { rest: binary };
+    let mut out = Vec::with_capacity(wire.len());
+    for w in wire {
+        let name = w.name.clone();
+        out.push(build_tensor(w, &mut cursor, limits).map_err(|e| e.in_tensor(role, &name))?);
+    }
+    cursor.finish(role)?;
+    Ok(out)
+}
+
+/// Decodes an inference request body.
+pub fn decode_request(
+    body: &Bytes,
+    header_length: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<RequestBody> {
+    let (json, binary) = split_body(body, header_length)?;
+    if header_length.is_some() && json.is_empty() {
+        return Ok(RequestBody::Raw(binary));
+    }
+    let wire: WireRequest = parse_json(&json, "request", limits)?;
+    let options = RequestOptions::from_parameters(&wire.parameters)?;
+    let outputs = match wire.outputs {
+        None => None,
+        Some(list) => {
+            check_unique(list.iter().map(|o| o.name.as_str()), Role::Output)?;
+            let mut out = Vec::with_capacity(list.len());
+            for o in list {
+                let options = OutputOptions::from_parameters(&o.parameters)
+                    .map_err(|e| e.in_tensor(Role::Output, &o.name))?;
+                out.push(RequestedOutput {
+                    name: o.name,
+                    parameters: o.parameters,
+                    options,
+                });
+            }
+            Some(out)
+        }
+    };
+    let inputs = build_tensors(wire.inputs, binary, Role::Input, limits)?;
+    Ok(RequestBody::Message(InferRequest {
+        id: wire.id,
+        parameters: wire.parameters,
+        options,
+        inputs,
+        outputs,
+    }))
+}
+
+/// Decodes an inference response body, as a backend sends it.
+pub fn decode_response(
+    body: &Bytes,
+    header_length: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<InferResponse> {
+    let (json, binary) = split_body(body, header_length)?;
+    let wire: WireResponse = parse_json(&json, "response", limits)?;
+    let outputs = build_tensors(wire.outputs, binary, Role::Output, limits)?;
+    Ok(InferResponse {
+        id: wire.id,
+        model_name: wire.model_name,
+        model_version: wire.model_version,
+        parameters: wire.parameters,
+        outputs,
+    })
+}

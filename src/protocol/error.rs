@@ -1,0 +1,63 @@
+//! Errors of the protocol layer. Every one is the client's (or a backend body's) fault;
+//! the server maps them to HTTP statuses in one place (`crate::error`).
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// Malformed or inconsistent body: 400.
+    Invalid(String),
+    /// A configured size limit was exceeded: 413.
+    TooLarge(String),
+}
+
+impl ProtocolError {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        ProtocolError::Invalid(msg.into())
+    }
+
+    pub fn too_large(msg: impl Into<String>) -> Self {
+        ProtocolError::TooLarge(msg.into())
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            ProtocolError::Invalid(m) | ProtocolError::TooLarge(m) => m,
+        }
+    }
+
+    /// Prefixes the message with the tensor it concerns, e.g. `input 'INPUT0': `.
+    pub fn in_tensor(self, role: Role, name: &str) -> Self {
+        let wrap = |m: String| format!("{role} '{name}': {m}");
+        match self {
+            ProtocolError::Invalid(m) => ProtocolError::Invalid(wrap(m)),
+            ProtocolError::TooLarge(m) => ProtocolError::TooLarge(wrap(m)),
+        }
+    }
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// Which side of an exchange a tensor belongs to, used in error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Input,
+    Output,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Input => "input",
+            Role::Output => "output",
+        })
+    }
+}
+
+pub type Result<T, E = ProtocolError> = std::result::Result<T, E>;

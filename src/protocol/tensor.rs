@@ -1,0 +1,180 @@
+//! The encoding-neutral tensor: typed little-endian bytes, plus length framing for BYTES.
+//! A tensor looks the same whether it arrived as JSON, as binary, or (later) as protobuf.
+
+use bytes::Bytes;
+
+use super::datatype::DataType;
+use super::error::{ProtocolError, Result};
+use super::params::Parameters;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    /// Parameters other than `binary_data_size`, which belongs to the encoding, not the tensor.
+    pub parameters: Parameters,
+    /// Elements in row-major order. Fixed-size types: little-endian, no padding. BYTES: each
+    /// element is a 4-byte little-endian length followed by that many bytes, exactly the
+    /// binary extension's layout, so binary data passes through without a copy.
+    pub data: Bytes,
+}
+
+impl Tensor {
+    /// The number of elements the shape describes. Construction has already checked that it
+    /// does not overflow.
+    pub fn element_count(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Iterates over the elements of a BYTES tensor. Framing was checked when the tensor was
+    /// built, so this cannot fail.
+    pub fn bytes_elements(&self) -> BytesElements<'_> {
+        BytesElements {
+            data: &self.data,
+            pos: 0,
+        }
+    }
+}
+
+pub struct BytesElements<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for BytesElements<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = &self.data[self.pos..];
+        if rest.len() < 4 {
+            return None;
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let elem = rest.get(4..4 + len)?;
+        self.pos += 4 + len;
+        Some(elem)
+    }
+}
+
+/// Formats a shape the way error messages show it: `[2,-1,3]`.
+pub fn format_shape<T: std::fmt::Display>(shape: &[T]) -> String {
+    let mut s = String::from("[");
+    for (i, d) in shape.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&d.to_string());
+    }
+    s.push(']');
+    s
+}
+
+/// Multiplies dimensions, failing on overflow and beyond `max_elements`.
+pub fn checked_element_count(shape: &[u64], max_elements: u64) -> Result<u64> {
+    let mut n: u64 = 1;
+    for &d in shape {
+        n = n.checked_mul(d).ok_or_else(|| {
+            ProtocolError::invalid(format!(
+                "shape {} has more elements than fit in 64 bits",
+                format_shape(shape)
+            ))
+        })?;
+    }
+    if n > max_elements {
+        return Err(ProtocolError::too_large(format!(
+            "shape {} has {n} elements; the limit is {max_elements} per tensor",
+            format_shape(shape)
+        )));
+    }
+    Ok(n)
+}
+
+/// Checks that `data` holds exactly `count` well-framed BYTES elements.
+pub fn check_bytes_framing(data: &[u8], count: u64) -> Result<()> {
+    let mut pos = 0usize;
+    for i in 0..count {
+        let rest = &data[pos..];
+        if rest.len() < 4 {
+            return Err(ProtocolError::invalid(format!(
+                "BYTES data ends after {i} of {count} elements"
+            )));
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if rest.len() - 4 < len {
+            return Err(ProtocolError::invalid(format!(
+                "BYTES element {i} declares {len} bytes but only {} remain in its data",
+                rest.len() - 4
+            )));
+        }
+        pos += 4 + len;
+    }
+    if pos != data.len() {
+        return Err(ProtocolError::invalid(format!(
+            "BYTES data has {} bytes left over after {count} elements",
+            data.len() - pos
+        )));
+    }
+    Ok(())
+}
+
+/// Frames byte strings as BYTES tensor data.
+pub fn frame_bytes<'a>(elements: impl IntoIterator<Item = &'a [u8]>) -> Bytes {
+    let mut out = Vec::new();
+    for e in elements {
+        out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        out.extend_from_slice(e);
+    }
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_errors_are_precise() {
+        let framed = frame_bytes([&b"ab"[..], b"xyz"]);
+        assert!(check_bytes_framing(&framed, 2).is_ok());
+        assert_eq!(
+            check_bytes_framing(&framed, 3).unwrap_err().to_string(),
+            "BYTES data ends after 2 of 3 elements"
+        );
+        assert_eq!(
+            check_bytes_framing(&framed, 1).unwrap_err().to_string(),
+            "BYTES data has 7 bytes left over after 1 elements"
+        );
+        let mut bad = framed.to_vec();
+        bad[0] = 10;
+        assert_eq!(
+            check_bytes_framing(&bad, 2).unwrap_err().to_string(),
+            "BYTES element 0 declares 10 bytes but only 9 remain in its data"
+        );
+    }
+
+    #[test]
+    fn element_count_limits() {
+        assert_eq!(checked_element_count(&[2, 3], 100).unwrap(), 6);
+        assert_eq!(checked_element_count(&[], 100).unwrap(), 1);
+        assert_eq!(
+            checked_element_count(&[u64::MAX, 2], u64::MAX).unwrap_err().to_string(),
+            "shape [18446744073709551615,2] has more elements than fit in 64 bits"
+        );
+        assert_eq!(
+            checked_element_count(&[10, 11], 100).unwrap_err(),
+            ProtocolError::too_large("shape [10,11] has 110 elements; the limit is 100 per tensor")
+        );
+    }
+
+    #[test]
+    fn iterates_bytes_elements() {
+        let t = Tensor {
+            name: "x".into(),
+            datatype: DataType::Bytes,
+            shape: vec![3],
+            parameters: Parameters::new(),
+            data: frame_bytes([&b"a"[..], b"", b"bc"]),
+        };
+        let v: Vec<&[u8]> = t.bytes_elements().collect();
+        assert_eq!(v, vec![&b"a"[..], b"", b"bc"]);
+    }
+}
