@@ -140,9 +140,8 @@ fn parse_json<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str, limits: &Limit
     let mut de = serde_json::Deserializer::from_slice(json);
     let value = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| describe_json_error(json, what, e))?;
-    de.end().map_err(|e| {
-        ProtocolError::invalid(format!("invalid JSON {what}: {e}"))
-    })?;
+    de.end()
+        .map_err(|e| ProtocolError::invalid(format!("invalid JSON {what}: {e}")))?;
     Ok(value)
 }
 
@@ -171,7 +170,13 @@ fn describe_json_error(
         if let (Some(role), Some(idx)) = (role, idx) {
             let name = serde_json::from_slice::<serde_json::Value>(json)
                 .ok()
-                .and_then(|v| v.get(list)?.get(idx)?.get("name")?.as_str().map(String::from));
+                .and_then(|v| {
+                    v.get(list)?
+                        .get(idx)?
+                        .get("name")?
+                        .as_str()
+                        .map(String::from)
+                });
             let who = match name {
                 Some(n) => format!("{role} '{n}'"),
                 None => format!("{role} {idx}"),
@@ -185,7 +190,9 @@ fn describe_json_error(
     if path == "." || path.is_empty() {
         ProtocolError::invalid(format!("invalid JSON {what}: {inner}{hint}"))
     } else {
-        ProtocolError::invalid(format!("invalid JSON {what}: field '{path}': {inner}{hint}"))
+        ProtocolError::invalid(format!(
+            "invalid JSON {what}: field '{path}': {inner}{hint}"
+        ))
     }
 }
 
@@ -199,7 +206,10 @@ fn non_finite_hint(json: &[u8], err: &serde_json::Error) -> &'static str {
         return "";
     };
     let at = &text[col.saturating_sub(1).min(text.len())..];
-    if [&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| at.starts_with(w)) {
+    if [&b"NaN"[..], b"Infinity", b"-Infinity"]
+        .iter()
+        .any(|w| at.starts_with(w))
+    {
         " (write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
     } else {
         ""
@@ -210,7 +220,9 @@ fn check_unique<'a>(names: impl Iterator<Item = &'a str>, role: Role) -> Result<
     let mut seen = HashSet::new();
     for n in names {
         if !seen.insert(n) {
-            return Err(ProtocolError::invalid(format!("duplicate {role} name '{n}'")));
+            return Err(ProtocolError::invalid(format!(
+                "duplicate {role} name '{n}'"
+            )));
         }
     }
     Ok(())
@@ -288,8 +300,12 @@ fn build_tensor(w: WireTensor<'_>, cursor: &mut BinaryCursor, limits: &Limits) -
             ))
         }
         (Some(raw), None) => {
-            let (bytes, n) =
-                json_data::parse_data(raw.get().as_bytes(), datatype, limits.max_json_depth, count)?;
+            let (bytes, n) = json_data::parse_data(
+                raw.get().as_bytes(),
+                datatype,
+                limits.max_json_depth,
+                count,
+            )?;
             if n != count {
                 return Err(ProtocolError::invalid(format!(
                     "shape {} needs {count} elements, data has {n}",

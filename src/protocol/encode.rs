@@ -88,7 +88,13 @@ fn put_parameters(out: &mut Vec<u8>, p: &Parameters, binary_size: Option<usize>)
 
 /// Writes one tensor object. Binary tensors push their buffer onto `chunks`; zero-byte
 /// tensors add no chunk.
-fn put_tensor(out: &mut Vec<u8>, chunks: &mut Vec<Bytes>, t: &Tensor, binary: bool, role: Role) -> Result<()> {
+fn put_tensor(
+    out: &mut Vec<u8>,
+    chunks: &mut Vec<Bytes>,
+    t: &Tensor,
+    binary: bool,
+    role: Role,
+) -> Result<()> {
     out.extend_from_slice(b"{\"name\":");
     put_json(out, &t.name);
     out.extend_from_slice(b",\"datatype\":\"");

@@ -208,7 +208,10 @@ le_int!(u8 => false, u16 => false, u32 => false, u64 => false, i8 => true, i16 =
 #[inline]
 fn put_int<T: LeInt>(leaf: Leaf, i: u64, dt: DataType, out: &mut Vec<u8>) -> Result<()> {
     let Leaf::Number(tok) = leaf else {
-        return Err(element_error(i, format!("is {}; {dt} needs a number", leaf.describe())));
+        return Err(element_error(
+            i,
+            format!("is {}; {dt} needs a number", leaf.describe()),
+        ));
     };
     match lexical_core::parse::<T>(tok) {
         Ok(v) if tok[0] != b'+' => {
@@ -289,7 +292,12 @@ fn put_f32(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
 /// Converts JSON data to the binary layout of `dt`. `expected` is the element count the
 /// shape calls for; it only sizes the buffer, and the caller compares it with the returned
 /// count.
-pub fn parse_data(text: &[u8], dt: DataType, max_depth: usize, expected: u64) -> Result<(Vec<u8>, u64)> {
+pub fn parse_data(
+    text: &[u8],
+    dt: DataType,
+    max_depth: usize,
+    expected: u64,
+) -> Result<(Vec<u8>, u64)> {
     // Every element takes at least two bytes of text ("1,"), so a lying shape cannot make us
     // reserve more than the text justifies.
     let cap_elems = expected.min(text.len() as u64 / 2 + 1) as usize;
@@ -360,7 +368,10 @@ pub fn parse_data(text: &[u8], dt: DataType, max_depth: usize, expected: u64) ->
                 raw
             };
             let len = u32::try_from(bytes.len()).map_err(|_| {
-                element_error(i, "is longer than the 4 GiB a BYTES element can hold".into())
+                element_error(
+                    i,
+                    "is longer than the 4 GiB a BYTES element can hold".into(),
+                )
             })?;
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(bytes);
@@ -388,7 +399,13 @@ mod tests {
         let nested = parse("[[1,2],[3,4]]", DataType::Int32).unwrap();
         assert_eq!(flat, nested);
         assert_eq!(flat.1, 4);
-        assert_eq!(flat.0, [1i32, 2, 3, 4].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+        assert_eq!(
+            flat.0,
+            [1i32, 2, 3, 4]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -400,17 +417,38 @@ mod tests {
 
     #[test]
     fn integers_are_checked_exactly() {
-        assert_eq!(err("[1, 256]", DataType::Uint8), "data element 1 (256) is out of range for UINT8");
-        assert_eq!(err("[-129]", DataType::Int8), "data element 0 (-129) is out of range for INT8");
-        assert_eq!(err("[-1]", DataType::Uint32), "data element 0 (-1) is negative, but UINT32 is unsigned");
-        assert_eq!(err("[1.0]", DataType::Int32), "data element 0 (1.0) is not an integer, as INT32 requires");
-        assert_eq!(err("[1e3]", DataType::Int64), "data element 0 (1e3) is not an integer, as INT64 requires");
+        assert_eq!(
+            err("[1, 256]", DataType::Uint8),
+            "data element 1 (256) is out of range for UINT8"
+        );
+        assert_eq!(
+            err("[-129]", DataType::Int8),
+            "data element 0 (-129) is out of range for INT8"
+        );
+        assert_eq!(
+            err("[-1]", DataType::Uint32),
+            "data element 0 (-1) is negative, but UINT32 is unsigned"
+        );
+        assert_eq!(
+            err("[1.0]", DataType::Int32),
+            "data element 0 (1.0) is not an integer, as INT32 requires"
+        );
+        assert_eq!(
+            err("[1e3]", DataType::Int64),
+            "data element 0 (1e3) is not an integer, as INT64 requires"
+        );
         assert_eq!(
             err("[18446744073709551616]", DataType::Uint64),
             "data element 0 (18446744073709551616) is out of range for UINT64"
         );
-        assert_eq!(err("[true]", DataType::Int16), "data element 0 is true; INT16 needs a number");
-        assert_eq!(err("[\"1\"]", DataType::Uint16), "data element 0 is a string; UINT16 needs a number");
+        assert_eq!(
+            err("[true]", DataType::Int16),
+            "data element 0 is true; INT16 needs a number"
+        );
+        assert_eq!(
+            err("[\"1\"]", DataType::Uint16),
+            "data element 0 is a string; UINT16 needs a number"
+        );
         let (b, _) = parse("[18446744073709551615, 0]", DataType::Uint64).unwrap();
         assert_eq!(&b[..8], &u64::MAX.to_le_bytes());
         let (b, _) = parse("[-9223372036854775808]", DataType::Int64).unwrap();
@@ -420,29 +458,50 @@ mod tests {
     #[test]
     fn bools_take_only_literals() {
         assert_eq!(parse("[true,false]", DataType::Bool).unwrap().0, vec![1, 0]);
-        assert_eq!(err("[1]", DataType::Bool), "data element 0 is the number 1; BOOL needs true or false");
-        assert_eq!(err("[null]", DataType::Bool), "data element 0 is null; BOOL needs true or false");
+        assert_eq!(
+            err("[1]", DataType::Bool),
+            "data element 0 is the number 1; BOOL needs true or false"
+        );
+        assert_eq!(
+            err("[null]", DataType::Bool),
+            "data element 0 is null; BOOL needs true or false"
+        );
     }
 
     #[test]
     fn floats_and_half_precision() {
         let (b, _) = parse("[1.5, -2, 3e-1]", DataType::Fp32).unwrap();
-        let v: Vec<f32> = b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let v: Vec<f32> = b
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         assert_eq!(v, vec![1.5, -2.0, 0.3]);
         let (b, _) = parse("[0.5, 65504]", DataType::Fp16).unwrap();
         assert_eq!(f16::from_le_bytes([b[0], b[1]]).to_f32(), 0.5);
         assert_eq!(f16::from_le_bytes([b[2], b[3]]).to_f32(), 65504.0);
-        assert_eq!(err("[70000]", DataType::Fp16), "data element 0 (7e4) is out of range for FP16");
+        assert_eq!(
+            err("[70000]", DataType::Fp16),
+            "data element 0 (7e4) is out of range for FP16"
+        );
         let (b, _) = parse("[1.0, -3.5]", DataType::Bf16).unwrap();
         assert_eq!(bf16::from_le_bytes([b[2], b[3]]).to_f32(), -3.5);
-        assert_eq!(err("[1e39]", DataType::Fp32), "data element 0 (1e39) is out of range for FP32");
-        assert_eq!(err("[1e309]", DataType::Fp64), "data element 0 (1e309) is out of range for FP64");
+        assert_eq!(
+            err("[1e39]", DataType::Fp32),
+            "data element 0 (1e39) is out of range for FP32"
+        );
+        assert_eq!(
+            err("[1e309]", DataType::Fp64),
+            "data element 0 (1e309) is out of range for FP64"
+        );
     }
 
     #[test]
     fn non_finite_floats_are_strings() {
         let (b, _) = parse(r#"["NaN", "Infinity", "-Infinity"]"#, DataType::Fp64).unwrap();
-        let v: Vec<f64> = b.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        let v: Vec<f64> = b
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         assert!(v[0].is_nan());
         assert_eq!(v[1], f64::INFINITY);
         assert_eq!(v[2], f64::NEG_INFINITY);
@@ -462,22 +521,49 @@ mod tests {
             want.extend_from_slice(s.as_bytes());
         }
         assert_eq!(b, want);
-        assert_eq!(err("[1]", DataType::Bytes), "data element 0 is the number 1; BYTES needs a string");
+        assert_eq!(
+            err("[1]", DataType::Bytes),
+            "data element 0 is the number 1; BYTES needs a string"
+        );
     }
 
     #[test]
     fn structure_errors() {
         assert_eq!(err("5", DataType::Int32), "'data' must be a JSON array");
         assert_eq!(err("{}", DataType::Int32), "'data' must be a JSON array");
-        assert_eq!(err("[1,]", DataType::Int32), "'data' is not valid JSON at byte 3");
-        assert_eq!(err("[1 2]", DataType::Int32), "'data' is not valid JSON at byte 3");
-        assert_eq!(err("[1", DataType::Int32), "'data' is not valid JSON at byte 2");
-        assert_eq!(err("[1]]", DataType::Int32), "'data' is not valid JSON at byte 3");
-        assert_eq!(err("[\"ab", DataType::Bytes), "'data' is not valid JSON at byte 4");
-        assert_eq!(err("[+1]", DataType::Int32), "data element 0 (+1) is not a valid JSON number");
-        assert_eq!(err("[-]", DataType::Fp32), "data element 0 (-) is not a valid JSON number");
+        assert_eq!(
+            err("[1,]", DataType::Int32),
+            "'data' is not valid JSON at byte 3"
+        );
+        assert_eq!(
+            err("[1 2]", DataType::Int32),
+            "'data' is not valid JSON at byte 3"
+        );
+        assert_eq!(
+            err("[1", DataType::Int32),
+            "'data' is not valid JSON at byte 2"
+        );
+        assert_eq!(
+            err("[1]]", DataType::Int32),
+            "'data' is not valid JSON at byte 3"
+        );
+        assert_eq!(
+            err("[\"ab", DataType::Bytes),
+            "'data' is not valid JSON at byte 4"
+        );
+        assert_eq!(
+            err("[+1]", DataType::Int32),
+            "data element 0 (+1) is not a valid JSON number"
+        );
+        assert_eq!(
+            err("[-]", DataType::Fp32),
+            "data element 0 (-) is not a valid JSON number"
+        );
         let deep = format!("{}1{}", "[".repeat(40), "]".repeat(40));
-        assert_eq!(err(&deep, DataType::Int32), "'data' is nested deeper than 32 levels");
+        assert_eq!(
+            err(&deep, DataType::Int32),
+            "'data' is nested deeper than 32 levels"
+        );
     }
 
     #[test]

@@ -178,21 +178,44 @@ mod tests {
         assert_eq!(json(DataType::Int8, &[0xff, 1]), "[-1,1]");
         let v: Vec<u8> = [u64::MAX].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(json(DataType::Uint64, &v), "[18446744073709551615]");
-        let v: Vec<u8> = [1.5f32, 0.1, -0.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let v: Vec<u8> = [1.5f32, 0.1, -0.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         assert_eq!(json(DataType::Fp32, &v), "[1.5,0.1,-0.0]");
-        let v: Vec<u8> = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY].iter().flat_map(|x| x.to_le_bytes()).collect();
-        assert_eq!(json(DataType::Fp64, &v), r#"["NaN","Infinity","-Infinity"]"#);
-        let v: Vec<u8> = [f16::from_f32(0.1), f16::MAX].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let v: Vec<u8> = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(
+            json(DataType::Fp64, &v),
+            r#"["NaN","Infinity","-Infinity"]"#
+        );
+        let v: Vec<u8> = [f16::from_f32(0.1), f16::MAX]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         assert_eq!(json(DataType::Fp16, &v), "[0.099975586,65504.0]");
-        let v: Vec<u8> = [bf16::from_f32(3.0)].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let v: Vec<u8> = [bf16::from_f32(3.0)]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         assert_eq!(json(DataType::Bf16, &v), "[3.0]");
-        assert_eq!(json(DataType::Bytes, &frame_bytes([&b"a\"b"[..], b""])), r#"["a\"b",""]"#);
+        assert_eq!(
+            json(DataType::Bytes, &frame_bytes([&b"a\"b"[..], b""])),
+            r#"["a\"b",""]"#
+        );
     }
 
     #[test]
     fn non_utf8_bytes_cannot_be_json() {
         let mut out = Vec::new();
-        let e = write_data(&mut out, DataType::Bytes, &frame_bytes([&b"ok"[..], &[0xff]])).unwrap_err();
+        let e = write_data(
+            &mut out,
+            DataType::Bytes,
+            &frame_bytes([&b"ok"[..], &[0xff]]),
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "BYTES element 1 is not valid UTF-8, so it cannot be written as JSON; request this output with \"binary_data\": true"

@@ -148,11 +148,16 @@ impl<'de> Deserialize<'de> for Parameters {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object of parameters")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Parameters, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Parameters, A::Error> {
                 let mut out: Vec<(String, ParamValue)> = Vec::new();
                 while let Some((k, v)) = m.next_entry::<String, serde_json::Value>()? {
                     if out.iter().any(|(e, _)| *e == k) {
-                        return Err(serde::de::Error::custom(format!("duplicate parameter '{k}'")));
+                        return Err(serde::de::Error::custom(format!(
+                            "duplicate parameter '{k}'"
+                        )));
                     }
                     out.push((k, ParamValue::from_json(v)));
                 }
@@ -210,13 +215,20 @@ impl RequestOptions {
                 Some(SequenceId::String(s.clone()))
             }
             Some(other) => {
-                return Err(wrong_type("sequence_id", "an unsigned integer or a string", other))
+                return Err(wrong_type(
+                    "sequence_id",
+                    "an unsigned integer or a string",
+                    other,
+                ))
             }
         };
         let sequence_start = p.get_bool("sequence_start")?.unwrap_or(false);
         let sequence_end = p.get_bool("sequence_end")?.unwrap_or(false);
         if sequence_id.is_none() {
-            for (flag, set) in [("sequence_start", sequence_start), ("sequence_end", sequence_end)] {
+            for (flag, set) in [
+                ("sequence_start", sequence_start),
+                ("sequence_end", sequence_end),
+            ] {
                 if set {
                     return Err(ProtocolError::invalid(format!(
                         "parameter '{flag}' needs a non-zero, non-empty 'sequence_id'"
@@ -279,19 +291,31 @@ mod tests {
 
     #[test]
     fn sequence_ids() {
-        let o = RequestOptions::from_parameters(&params(r#"{"sequence_id": 42, "sequence_start": true}"#)).unwrap();
+        let o = RequestOptions::from_parameters(&params(
+            r#"{"sequence_id": 42, "sequence_start": true}"#,
+        ))
+        .unwrap();
         assert_eq!(o.sequence_id, Some(SequenceId::Uint(42)));
         assert!(o.sequence_start);
         let o = RequestOptions::from_parameters(&params(r#"{"sequence_id": "abc"}"#)).unwrap();
         assert_eq!(o.sequence_id, Some(SequenceId::String("abc".into())));
         for none in [r#"{"sequence_id": 0}"#, r#"{"sequence_id": ""}"#, "{}"] {
-            assert_eq!(RequestOptions::from_parameters(&params(none)).unwrap().sequence_id, None);
+            assert_eq!(
+                RequestOptions::from_parameters(&params(none))
+                    .unwrap()
+                    .sequence_id,
+                None
+            );
         }
     }
 
     #[test]
     fn sequence_id_errors() {
-        let err = |j: &str| RequestOptions::from_parameters(&params(j)).unwrap_err().to_string();
+        let err = |j: &str| {
+            RequestOptions::from_parameters(&params(j))
+                .unwrap_err()
+                .to_string()
+        };
         assert_eq!(
             err(r#"{"sequence_id": -1}"#),
             "parameter 'sequence_id' must be an unsigned integer or a string, not a negative integer"
@@ -333,13 +357,31 @@ mod tests {
 
     #[test]
     fn output_options() {
-        let o = OutputOptions::from_parameters(&params(r#"{"binary_data": true, "classification": 3}"#)).unwrap();
-        assert_eq!(o, OutputOptions { binary_data: Some(true), classification: Some(3) });
+        let o = OutputOptions::from_parameters(&params(
+            r#"{"binary_data": true, "classification": 3}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            o,
+            OutputOptions {
+                binary_data: Some(true),
+                classification: Some(3)
+            }
+        );
         let e = OutputOptions::from_parameters(&params(r#"{"classification": -2}"#)).unwrap_err();
-        assert_eq!(e.to_string(), "parameter 'classification' must be an unsigned integer, not a negative integer");
+        assert_eq!(
+            e.to_string(),
+            "parameter 'classification' must be an unsigned integer, not a negative integer"
+        );
         let e = OutputOptions::from_parameters(&params(r#"{"classification": 2.5}"#)).unwrap_err();
-        assert_eq!(e.to_string(), "parameter 'classification' must be an unsigned integer, not a non-integral number");
+        assert_eq!(
+            e.to_string(),
+            "parameter 'classification' must be an unsigned integer, not a non-integral number"
+        );
         let e = OutputOptions::from_parameters(&params(r#"{"binary_data": null}"#)).unwrap_err();
-        assert_eq!(e.to_string(), "parameter 'binary_data' must be a bool, not null");
+        assert_eq!(
+            e.to_string(),
+            "parameter 'binary_data' must be a bool, not null"
+        );
     }
 }

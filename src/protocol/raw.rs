@@ -22,11 +22,24 @@ pub fn expand_raw(body: Bytes, model: &ModelMetadata, limits: &Limits) -> Result
             model.inputs.len()
         )));
     };
-    let err = |m: String| ProtocolError::invalid(format!("raw binary request for input '{}': {m}", input.name));
-    let datatype = DataType::parse(&input.datatype)
-        .ok_or_else(|| err(format!("the model declares unknown datatype '{}'", input.datatype)))?;
+    let err = |m: String| {
+        ProtocolError::invalid(format!(
+            "raw binary request for input '{}': {m}",
+            input.name
+        ))
+    };
+    let datatype = DataType::parse(&input.datatype).ok_or_else(|| {
+        err(format!(
+            "the model declares unknown datatype '{}'",
+            input.datatype
+        ))
+    })?;
     let batched = input.shape.len() >= 2 && input.shape[0] == -1;
-    let dims = if batched { &input.shape[1..] } else { &input.shape[..] };
+    let dims = if batched {
+        &input.shape[1..]
+    } else {
+        &input.shape[..]
+    };
     let model_shape = format_shape(&input.shape);
 
     let (mut shape, data): (Vec<u64>, Bytes) = match datatype.fixed_size() {
@@ -113,7 +126,11 @@ mod tests {
             platform: String::new(),
             inputs: inputs
                 .iter()
-                .map(|(n, d, s)| TensorMetadata { name: n.to_string(), datatype: d.to_string(), shape: s.to_vec() })
+                .map(|(n, d, s)| TensorMetadata {
+                    name: n.to_string(),
+                    datatype: d.to_string(),
+                    shape: s.to_vec(),
+                })
                 .collect(),
             outputs: vec![],
         }
@@ -140,12 +157,19 @@ mod tests {
         assert_eq!(r.inputs[0].shape, vec![1]);
         assert_eq!(&r.inputs[0].data[..], b"\x05\x00\x00\x00hello");
         let e = expand(b"hello", &model(&[("S", "BYTES", &[2])])).unwrap_err();
-        assert_eq!(e.to_string(), "raw binary request for input 'S': BYTES needs the model shape [1], not [2]");
+        assert_eq!(
+            e.to_string(),
+            "raw binary request for input 'S': BYTES needs the model shape [1], not [2]"
+        );
     }
 
     #[test]
     fn errors() {
-        let e = expand(&[0; 4], &model(&[("A", "INT32", &[1]), ("B", "INT32", &[1])])).unwrap_err();
+        let e = expand(
+            &[0; 4],
+            &model(&[("A", "INT32", &[1]), ("B", "INT32", &[1])]),
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; model 'm' has 2"
@@ -158,7 +182,12 @@ mod tests {
         let e = expand(&[0; 10], &model(&[("X", "INT32", &[-1, 16])])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "raw binary request for input 'X': a body of 10 bytes is not a whole number of INT32 elements of shape [-1,16]"
+            "raw binary request for input 'X': a body of 10 bytes does not match shape [-1,16] of INT32, which needs 64 bytes"
+        );
+        let e = expand(&[0; 10], &model(&[("X", "INT32", &[2, -1])])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "raw binary request for input 'X': a body of 10 bytes is not a whole number of INT32 elements of shape [2,-1]"
         );
         let e = expand(&[0; 8], &model(&[("X", "INT32", &[4])])).unwrap_err();
         assert_eq!(
@@ -166,6 +195,9 @@ mod tests {
             "raw binary request for input 'X': a body of 8 bytes does not match shape [4] of INT32, which needs 16 bytes"
         );
         let e = expand(&[2], &model(&[("X", "BOOL", &[1])])).unwrap_err();
-        assert_eq!(e.to_string(), "raw binary request for input 'X': BOOL element 0 is the byte 2; it must be 0 or 1");
+        assert_eq!(
+            e.to_string(),
+            "raw binary request for input 'X': BOOL element 0 is the byte 2; it must be 0 or 1"
+        );
     }
 }

@@ -156,7 +156,9 @@ mod tests {
         assert_eq!(checked_element_count(&[2, 3], 100).unwrap(), 6);
         assert_eq!(checked_element_count(&[], 100).unwrap(), 1);
         assert_eq!(
-            checked_element_count(&[u64::MAX, 2], u64::MAX).unwrap_err().to_string(),
+            checked_element_count(&[u64::MAX, 2], u64::MAX)
+                .unwrap_err()
+                .to_string(),
             "shape [18446744073709551615,2] has more elements than fit in 64 bits"
         );
         assert_eq!(
