@@ -1,1 +1,14 @@
+//! tensorgate: a gateway for fleets of Open Inference Protocol (KServe v2) model servers.
+//! See docs/ARCHITECTURE.md for the path of a request and which module may use which.
+
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod gateway;
+pub mod metrics;
+pub mod models;
 pub mod protocol;
+pub mod routing;
+pub mod run;
+pub mod server;

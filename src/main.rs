@@ -1,1 +1,171 @@
-fn main() {}
+//! The `tensorgate` command: `serve`, `worker` and `check-config`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tensorgate::config::{Config, LogFormat};
+use tensorgate::models::builtin_names;
+
+#[derive(Parser)]
+#[command(
+    name = "tensorgate",
+    version,
+    about = "A gateway for fleets of Open Inference Protocol (KServe v2 / Triton HTTP) model servers",
+    long_about = "tensorgate terminates v2 REST requests, validates them against each model's metadata, \
+transcodes between JSON and binary tensors, pins sequences to backends, and forwards to a fleet of \
+Triton, MLServer, KServe or built-in workers."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway. With neither --config nor --backend, it serves every built-in model
+    /// in-process on 0.0.0.0:8000, with metrics on 0.0.0.0:8002 (the embedded default config).
+    Serve {
+        /// TOML config file (see config/tensorgate.toml for every key).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address of the v2 REST listener, overriding server.listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// Address of the Prometheus /metrics listener, overriding server.metrics_listen.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
+        /// A backend: http://host:port of any v2 server, or `builtin` for the in-process
+        /// models. Repeatable; replaces the config's backends.
+        #[arg(long = "backend", value_name = "URL")]
+        backends: Vec<String>,
+    },
+    /// Run a standalone v2 REST server of the built-in models. A local fleet is several
+    /// workers behind one `serve`.
+    Worker {
+        /// Address to listen on.
+        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9000")]
+        listen: SocketAddr,
+        /// Comma-separated built-in models to serve (default: all).
+        #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+        models: Vec<String>,
+    },
+    /// Check a config file and print each error with its line number.
+    CheckConfig {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+fn init_logging(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigError]) {
+    for e in errors {
+        match e.line {
+            Some(l) => eprintln!("{}:{l}: {}", file.display(), e.message),
+            None => eprintln!("{}: {}", file.display(), e.message),
+        }
+    }
+}
+
+async fn run(config: Config, with_metrics: bool) -> ExitCode {
+    let running = match tensorgate::run::start(config, with_metrics).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "tensorgate is serving");
+    wait_for_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    running.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (config, with_metrics) = match cli.command {
+        Command::CheckConfig { file } => {
+            return match Config::load(&file) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    print_errors(&file, &errors);
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Serve {
+            config,
+            listen,
+            metrics_listen,
+            backends,
+        } => {
+            let mut c = match &config {
+                Some(path) => match Config::load(path) {
+                    Ok(c) => c,
+                    Err(errors) => {
+                        print_errors(path, &errors);
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => Config::embedded_default(),
+            };
+            if !backends.is_empty() {
+                if let Err(errors) = c.set_backends(&backends) {
+                    for e in errors {
+                        eprintln!("--backend: {}", e.message);
+                    }
+                    return ExitCode::FAILURE;
+                }
+            }
+            if let Some(l) = listen {
+                c.server.listen = l;
+            }
+            if let Some(l) = metrics_listen {
+                c.server.metrics_listen = l;
+            }
+            (c, true)
+        }
+        Command::Worker { listen, models } => {
+            let all = builtin_names();
+            if let Some(bad) = models.iter().find(|m| !all.contains(m)) {
+                eprintln!(
+                    "unknown built-in model '{bad}'; the built-in models are {}",
+                    all.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
+            (Config::worker(listen, &models), false)
+        }
+    };
+    init_logging(&config.server.log_level, config.server.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(config, with_metrics))
+}

@@ -1,0 +1,101 @@
+//! The HTTP body type used throughout serving, and bodies made of several `Bytes` parts so
+//! that binary tensors are written without being copied into one buffer.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use crate::error::GatewayError;
+use crate::protocol::EncodedBody;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body of known length made of several buffers, sent one frame per buffer.
+pub struct PartsBody {
+    parts: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl PartsBody {
+    pub fn new(parts: Vec<Bytes>) -> Self {
+        let remaining = parts.iter().map(|p| p.len() as u64).sum();
+        PartsBody {
+            parts: parts.into_iter().filter(|p| !p.is_empty()).collect(),
+            remaining,
+        }
+    }
+}
+
+impl http_body::Body for PartsBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.parts.pop_front() {
+            Some(b) => {
+                self.remaining -= b.len() as u64;
+                Poll::Ready(Some(Ok(Frame::data(b))))
+            }
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+pub fn full(b: impl Into<Bytes>) -> Body {
+    PartsBody::new(vec![b.into()]).boxed_unsync()
+}
+
+pub fn empty() -> Body {
+    PartsBody::new(Vec::new()).boxed_unsync()
+}
+
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(value).expect("a JSON value serializes");
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(bytes))
+        .expect("valid response parts")
+}
+
+pub fn error_response(e: &GatewayError) -> Response<Body> {
+    let mut r = Response::builder()
+        .status(e.status())
+        .header(header::CONTENT_TYPE, "application/json");
+    if e.status() == StatusCode::SERVICE_UNAVAILABLE {
+        r = r.header(header::RETRY_AFTER, "1");
+    }
+    r.body(full(e.body())).expect("valid response parts")
+}
+
+/// A response carrying an encoded inference body with the binary extension's headers.
+pub fn encoded_response(body: EncodedBody) -> Response<Body> {
+    let mut r = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, body.content_type());
+    if let Some(n) = body.header_length() {
+        r = r.header(
+            crate::protocol::HEADER_CONTENT_LENGTH,
+            HeaderValue::from(n as u64),
+        );
+    }
+    r.body(PartsBody::new(body.parts).boxed_unsync())
+        .expect("valid response parts")
+}

@@ -1,0 +1,131 @@
+//! Parsing a config and checking it, with every error tied to its line.
+
+use std::collections::HashSet;
+
+use super::Config;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "line {l}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|b| *b == b'\n')
+        .count()
+        + 1
+}
+
+/// Parses `text` and checks what serde cannot: backend URLs and unique names.
+pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
+    let config: Config = toml::from_str(text).map_err(|e| {
+        vec![ConfigError {
+            line: e.span().map(|s| line_of(text, s.start)),
+            message: e.message().to_string(),
+        }]
+    })?;
+    let mut errors = Vec::new();
+    let mut names = HashSet::new();
+    for b in &config.backends {
+        if !names.insert(b.name.get_ref().clone()) {
+            errors.push(ConfigError {
+                line: Some(line_of(text, b.name.span().start)),
+                message: format!("duplicate backend name '{}'", b.name.get_ref()),
+            });
+        }
+        if let Err(m) = check_url(b.url.get_ref()) {
+            errors.push(ConfigError {
+                line: Some(line_of(text, b.url.span().start)),
+                message: m,
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    if url == "builtin" {
+        return Ok(());
+    }
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("backend url '{url}' is not a valid URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "backend url '{url}' must start with http:// (or be the word builtin)"
+        ));
+    }
+    if uri.host().is_none() {
+        return Err(format!("backend url '{url}' has no host"));
+    }
+    if !matches!(uri.path(), "" | "/") {
+        return Err(format!("backend url '{url}' must not have a path"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        parse_and_check(text)
+            .unwrap_err()
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_embedded_config_is_valid() {
+        let c = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
+        assert_eq!(c.server.listen.to_string(), "0.0.0.0:8000");
+        assert_eq!(c.server.metrics_listen.to_string(), "0.0.0.0:8002");
+        assert_eq!(c.backends.len(), 1);
+        assert_eq!(c.backends[0].url.get_ref(), "builtin");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_lines() {
+        let e = errors("[server]\nlisten = \"0.0.0.0:1\"\nlisen = 3\n");
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("line 3: unknown field `lisen`"), "{e:?}");
+        let e = errors("[limits]\nmax_body_bytes = \"x\"\n");
+        assert!(
+            e[0].starts_with("line 2: invalid type: string \"x\""),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn backend_checks() {
+        let e = errors(
+            "[[backends]]\nname = \"a\"\nurl = \"ftp://x:1\"\n\n[[backends]]\nname = \"a\"\nurl = \"http://h:1/v2\"\n",
+        );
+        assert_eq!(
+            e,
+            vec![
+                "line 3: backend url 'ftp://x:1' must start with http:// (or be the word builtin)",
+                "line 6: duplicate backend name 'a'",
+                "line 7: backend url 'http://h:1/v2' must not have a path",
+            ]
+        );
+        let e = errors("[[backends]]\nname = \"a\"\nurl = \"builtin\"\nencoding = \"xml\"\n");
+        assert!(e[0].starts_with("line 4: unknown variant `xml`"), "{e:?}");
+    }
+}

@@ -1,0 +1,232 @@
+//! The TOML configuration: every key, its default, and the checks `check-config` runs.
+//! `config/tensorgate.toml` is the commented example and the embedded default.
+
+mod check;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub use check::{parse_and_check, ConfigError};
+
+/// The default config, embedded so that `tensorgate serve` runs with no files around it.
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/tensorgate.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub fleet: FleetConfig,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: SocketAddr,
+    /// Log level filter (tracing syntax); `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Name reported in server metadata.
+    #[serde(default = "default_server_name")]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Plain,
+    Json,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            metrics_listen: default_metrics_listen(),
+            log_level: default_log_level(),
+            log_format: LogFormat::Plain,
+            name: default_server_name(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    "0.0.0.0:8000".parse().expect("valid address")
+}
+fn default_metrics_listen() -> SocketAddr {
+    "0.0.0.0:8002".parse().expect("valid address")
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+fn default_server_name() -> String {
+    "tensorgate".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body, after decompression (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest JSON part of a body (413 beyond).
+    pub max_json_bytes: usize,
+    /// Deepest nesting of a tensor's `data` array (400 beyond).
+    pub max_json_depth: usize,
+    /// Most elements per tensor (413 beyond).
+    pub max_tensor_elements: u64,
+    /// Default deadline of an inference request; the v2 `timeout` parameter may shorten it.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 256 << 20,
+            max_json_bytes: 64 << 20,
+            max_json_depth: 64,
+            max_tensor_elements: 1 << 28,
+            request_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl LimitsConfig {
+    pub fn protocol(&self) -> crate::protocol::Limits {
+        crate::protocol::Limits {
+            max_json_bytes: self.max_json_bytes,
+            max_json_depth: self.max_json_depth,
+            max_tensor_elements: self.max_tensor_elements,
+        }
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// How often backends' metadata, models and health are refreshed.
+    pub refresh_interval_ms: u64,
+    /// Deadline of one metadata or health call to a backend.
+    pub probe_timeout_ms: u64,
+    /// Deadline for opening a connection to a backend.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            refresh_interval_ms: 5_000,
+            probe_timeout_ms: 2_000,
+            connect_timeout_ms: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// Binary if the backend lists `binary_tensor_data` in its server metadata, else JSON.
+    #[default]
+    Auto,
+    Json,
+    Binary,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: Spanned<String>,
+    /// `http://host:port` of a v2 server, or `builtin` for the in-process models.
+    pub url: Spanned<String>,
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// Only these models are used from this backend; empty means all it reports.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Classification label files per output: `{ OUTPUT0 = "config/labels/classifier.txt" }`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, PathBuf>,
+    /// Default deadline of this model's inference requests (overrides the limits' default).
+    pub timeout_ms: Option<u64>,
+    /// Built-in sequence models: drop a sequence's state after this long without requests.
+    pub sequence_idle_timeout_ms: Option<u64>,
+}
+
+impl Config {
+    /// The embedded default: every built-in model in-process, ports 8000 and 8002.
+    pub fn embedded_default() -> Config {
+        parse_and_check(DEFAULT_CONFIG).expect("the embedded config is valid")
+    }
+
+    pub fn load(path: &Path) -> Result<Config, Vec<ConfigError>> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            vec![ConfigError {
+                line: None,
+                message: format!("cannot read {}: {e}", path.display()),
+            }]
+        })?;
+        parse_and_check(&text)
+    }
+
+    /// Replaces the backends with the `--backend` URLs of the command line.
+    pub fn set_backends(&mut self, urls: &[String]) -> Result<(), Vec<ConfigError>> {
+        let text: String = urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let name = if u == "builtin" {
+                    "builtin".to_string()
+                } else {
+                    format!("backend-{i}")
+                };
+                format!("[[backends]]\nname = {name:?}\nurl = {u:?}\n")
+            })
+            .collect();
+        let parsed = parse_and_check(&text)?;
+        self.backends = parsed.backends;
+        Ok(())
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.get(name)
+    }
+}
+
+impl Config {
+    /// The config of `tensorgate worker`: the built-in models (all, or `models`) on `listen`.
+    pub fn worker(listen: SocketAddr, models: &[String]) -> Config {
+        let mut c = Config::embedded_default();
+        c.server.listen = listen;
+        c.server.name = "tensorgate-worker".into();
+        c.set_backends(&["builtin".to_string()])
+            .expect("the builtin backend is valid");
+        c.backends[0].models = models.to_vec();
+        c
+    }
+}

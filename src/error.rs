@@ -1,0 +1,112 @@
+//! The one error type of the serving side, and the one place that maps errors to HTTP
+//! statuses and `{"error": "..."}` bodies.
+
+use http::StatusCode;
+
+use crate::protocol::ProtocolError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GatewayError {
+    /// The client's body or parameters are wrong (400) or too large (413).
+    Protocol(ProtocolError),
+    /// 400 for anything else the client got wrong (headers, paths).
+    BadRequest(String),
+    NotFound(String),
+    MethodNotAllowed(String),
+    PayloadTooLarge(String),
+    /// An unsupported `Content-Encoding`: 501, as Triton answers.
+    NotImplemented(String),
+    /// No healthy backend, or the gateway is shedding load: 503.
+    Unavailable(String),
+    /// The request's deadline passed: 504.
+    Timeout(String),
+    /// A backend could not be reached or sent something unusable: 502.
+    BadGateway(String),
+    /// A backend answered with an error of its own; its status is passed on.
+    Backend {
+        status: StatusCode,
+        message: String,
+    },
+    /// Our bug: 500.
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::Protocol(ProtocolError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            GatewayError::Protocol(ProtocolError::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            GatewayError::Backend { status, .. } => *status,
+            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            GatewayError::Protocol(e) => e.message(),
+            GatewayError::BadRequest(m)
+            | GatewayError::NotFound(m)
+            | GatewayError::MethodNotAllowed(m)
+            | GatewayError::PayloadTooLarge(m)
+            | GatewayError::NotImplemented(m)
+            | GatewayError::Unavailable(m)
+            | GatewayError::Timeout(m)
+            | GatewayError::BadGateway(m)
+            | GatewayError::Internal(m) => m,
+            GatewayError::Backend { message, .. } => message,
+        }
+    }
+
+    /// The error body: `{"error": "<message>"}`.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({ "error": self.message() }))
+            .expect("a JSON object serializes")
+    }
+}
+
+impl From<ProtocolError> for GatewayError {
+    fn from(e: ProtocolError) -> Self {
+        GatewayError::Protocol(e)
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status().as_u16(), self.message())
+    }
+}
+
+impl std::error::Error for GatewayError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_bodies() {
+        let e = GatewayError::from(ProtocolError::invalid("input 'x': bad"));
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.body(), br#"{"error":"input 'x': bad"}"#);
+        assert_eq!(
+            GatewayError::from(ProtocolError::too_large("big")).status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let b = GatewayError::Backend {
+            status: StatusCode::CONFLICT,
+            message: "m".into(),
+        };
+        assert_eq!(b.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            GatewayError::Timeout("t".into()).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! The `Backend` trait: what the gateway needs from anything that serves models, whether the
+//! in-process built-in models or a v2 server over HTTP.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use hyper::body::Incoming;
+
+use crate::protocol::{EncodedBody, InferRequest, InferResponse, ModelMetadata, ServerMetadata};
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A model as a backend reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveredModel {
+    pub metadata: ModelMetadata,
+    pub ready: bool,
+}
+
+/// What a backend is sent for one inference.
+pub enum Payload {
+    /// For in-process models: the decoded request itself.
+    Decoded(InferRequest),
+    /// For HTTP backends: an encoded body, either re-encoded or the client's own bytes.
+    Wire(WireBody),
+}
+
+/// A body ready to send, with the headers the binary extension needs.
+pub struct WireBody {
+    pub parts: Vec<Bytes>,
+    pub header_length: Option<usize>,
+    pub content_type: &'static str,
+}
+
+impl From<EncodedBody> for WireBody {
+    fn from(e: EncodedBody) -> Self {
+        WireBody {
+            header_length: e.header_length(),
+            content_type: e.content_type(),
+            parts: e.parts,
+        }
+    }
+}
+
+/// What a backend answered.
+pub enum Reply {
+    Decoded(InferResponse),
+    Http {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Incoming,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendError {
+    /// No connection could be made; nothing was sent, so another backend may be tried.
+    Connect(String),
+    /// The exchange failed after the request may have reached the backend.
+    Failed(String),
+    /// The backend answered with an error status and message.
+    Status { status: StatusCode, message: String },
+    /// The backend refused the request itself (in-process models): a client error.
+    Rejected(String),
+}
+
+pub struct InferCall<'a> {
+    pub model: &'a str,
+    pub version: Option<&'a str>,
+    pub payload: Payload,
+    /// Extra headers to send (trace context).
+    pub headers: HeaderMap,
+}
+
+pub trait Backend: Send + Sync {
+    /// True for the built-in models, which take `Payload::Decoded`.
+    fn in_process(&self) -> bool;
+    fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>>;
+    /// The models this backend serves, with metadata and readiness. `hint` lists names to
+    /// probe when the backend cannot list its models itself.
+    fn models<'a>(
+        &'a self,
+        hint: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>>;
+    /// Whether the server answers `GET /v2/health/ready` with 2xx.
+    fn ready(&self) -> BoxFuture<'_, bool>;
+    fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>>;
+}
+
+/// Reads an error message out of a backend's error body: its `error` field if it is JSON,
+/// else the text itself.
+pub fn error_message(body: &Bytes) -> String {
+    #[derive(serde::Deserialize)]
+    struct E {
+        error: String,
+    }
+    match serde_json::from_slice::<E>(body) {
+        Ok(e) => e.error,
+        Err(_) => String::from_utf8_lossy(&body[..body.len().min(1024)])
+            .trim()
+            .to_string(),
+    }
+}

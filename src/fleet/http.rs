@@ -1,0 +1,246 @@
+//! A v2 server over HTTP: Triton, MLServer, KServe, or a `tensorgate worker`. Connections
+//! are pooled and kept alive by hyper-util's client.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+
+use super::backend::{
+    error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, Payload, Reply,
+};
+use crate::body::{full, Body, PartsBody};
+use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
+
+/// Metadata and error bodies larger than this are refused; they are never that large.
+const MAX_SMALL_BODY: usize = 16 << 20;
+
+pub type HttpClient = Client<HttpConnector, Body>;
+
+pub fn new_client(connect_timeout: Duration) -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+pub struct HttpBackend {
+    base: String,
+    client: HttpClient,
+    probe_timeout: Duration,
+}
+
+impl HttpBackend {
+    pub fn new(base: &str, client: HttpClient, probe_timeout: Duration) -> Self {
+        HttpBackend {
+            base: base.trim_end_matches('/').to_string(),
+            client,
+            probe_timeout,
+        }
+    }
+
+    fn uri(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn send(
+        &self,
+        req: Request<Body>,
+    ) -> Result<http::Response<hyper::body::Incoming>, BackendError> {
+        self.client.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                BackendError::Connect(format!(
+                    "cannot connect to {}: {}",
+                    self.base,
+                    source_chain(&e)
+                ))
+            } else {
+                BackendError::Failed(format!(
+                    "request to {} failed: {}",
+                    self.base,
+                    source_chain(&e)
+                ))
+            }
+        })
+    }
+
+    /// A small call (metadata, readiness) with the probe deadline. Returns the status and body.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&'static str>,
+    ) -> Result<(StatusCode, Bytes), BackendError> {
+        let mut req = Request::builder().method(method).uri(self.uri(path));
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(full(body.unwrap_or("")))
+            .map_err(|e| BackendError::Failed(e.to_string()))?;
+        let fut = async {
+            let resp = self.send(req).await?;
+            let status = resp.status();
+            let bytes = Limited::new(resp.into_body(), MAX_SMALL_BODY)
+                .collect()
+                .await
+                .map_err(|e| {
+                    BackendError::Failed(format!("reading {path} from {}: {e}", self.base))
+                })?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(self.probe_timeout, fut)
+            .await
+            .map_err(|_| BackendError::Failed(format!("{path} on {} timed out", self.base)))?
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, BackendError> {
+        let (status, body) = self.call(Method::GET, path, None).await?;
+        if !status.is_success() {
+            return Err(BackendError::Status {
+                status,
+                message: error_message(&body),
+            });
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| BackendError::Failed(format!("{path} on {} is not valid: {e}", self.base)))
+    }
+
+    /// Names from the repository extension, or `None` when the backend lacks it.
+    async fn repository_index(&self) -> Result<Option<Vec<(String, bool)>>, BackendError> {
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            name: String,
+            #[serde(default)]
+            state: Option<String>,
+        }
+        let (status, body) = self
+            .call(Method::POST, "/v2/repository/index", Some("{}"))
+            .await?;
+        if !status.is_success() {
+            return Ok(None);
+        }
+        let entries: Vec<Entry> = serde_json::from_slice(&body).map_err(|e| {
+            BackendError::Failed(format!(
+                "/v2/repository/index on {} is not valid: {e}",
+                self.base
+            ))
+        })?;
+        Ok(Some(
+            entries
+                .into_iter()
+                .map(|e| {
+                    let ready = e
+                        .state
+                        .as_deref()
+                        .is_none_or(|s| s.eq_ignore_ascii_case("READY"));
+                    (e.name, ready)
+                })
+                .collect(),
+        ))
+    }
+
+    async fn model_ready(&self, name: &str) -> bool {
+        matches!(self.call(Method::GET, &format!("/v2/models/{name}/ready"), None).await, Ok((s, _)) if s.is_success())
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl Backend for HttpBackend {
+    fn in_process(&self) -> bool {
+        false
+    }
+
+    fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>> {
+        Box::pin(self.get_json("/v2"))
+    }
+
+    fn models<'a>(
+        &'a self,
+        hint: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>> {
+        Box::pin(async move {
+            let names: Vec<(String, bool)> = match self.repository_index().await? {
+                Some(list) => list,
+                None => hint.iter().map(|n| (n.clone(), true)).collect(),
+            };
+            let mut out = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for (name, listed_ready) in names {
+                // The index lists one entry per version; one per name is enough here.
+                if !seen.insert(name.clone()) {
+                    continue;
+                }
+                let metadata: ModelMetadata =
+                    match self.get_json(&format!("/v2/models/{name}")).await {
+                        Ok(m) => m,
+                        Err(BackendError::Status { .. }) => continue,
+                        Err(e) => return Err(e),
+                    };
+                let ready = listed_ready && self.model_ready(&name).await;
+                out.push(DiscoveredModel { metadata, ready });
+            }
+            Ok(out)
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            matches!(self.call(Method::GET, "/v2/health/ready", None).await, Ok((s, _)) if s.is_success())
+        })
+    }
+
+    fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>> {
+        Box::pin(async move {
+            let Payload::Wire(body) = call.payload else {
+                return Err(BackendError::Failed(
+                    "an HTTP backend takes encoded requests".into(),
+                ));
+            };
+            let path = match call.version {
+                Some(v) => format!("/v2/models/{}/versions/{v}/infer", call.model),
+                None => format!("/v2/models/{}/infer", call.model),
+            };
+            let mut req = Request::builder()
+                .method(Method::POST)
+                .uri(self.uri(&path))
+                .header(header::CONTENT_TYPE, body.content_type);
+            if let Some(n) = body.header_length {
+                req = req.header(HEADER_CONTENT_LENGTH, HeaderValue::from(n as u64));
+            }
+            for (k, v) in &call.headers {
+                req = req.header(k, v);
+            }
+            let req = req
+                .body(PartsBody::new(body.parts).boxed_unsync())
+                .map_err(|e| BackendError::Failed(e.to_string()))?;
+            let resp = self.send(req).await?;
+            let (parts, body) = resp.into_parts();
+            Ok(Reply::Http {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
+        })
+    }
+}

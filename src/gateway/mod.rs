@@ -1,0 +1,144 @@
+//! The gateway: shared state and the dispatch of each request to its handler.
+
+mod handlers;
+mod infer;
+mod respond;
+pub mod routes;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+
+use crate::body::{error_response, Body, BoxError};
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::fleet::Fleet;
+use crate::metrics::Metrics;
+use routes::{Route, RouteError};
+
+pub struct Gateway {
+    pub config: Arc<Config>,
+    pub fleet: Arc<Fleet>,
+    pub limits: crate::protocol::Limits,
+    pub metrics: Arc<Metrics>,
+    draining: AtomicBool,
+}
+
+impl Gateway {
+    pub fn new(config: Arc<Config>, fleet: Arc<Fleet>, metrics: Arc<Metrics>) -> Self {
+        Gateway {
+            limits: config.limits.protocol(),
+            config,
+            fleet,
+            metrics,
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on readiness reports 503, so load balancers stop sending new requests.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        match self.dispatch(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                let mut r = error_response(&e);
+                if let GatewayError::MethodNotAllowed(_) = e {
+                    if let Some(allow) = allowed_method(e.message()) {
+                        r.headers_mut().insert(header::ALLOW, allow);
+                    }
+                }
+                r
+            }
+        }
+    }
+
+    async fn dispatch<B>(&self, req: Request<B>) -> Result<Response<Body>, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let route = routes::route(req.method(), req.uri().path()).map_err(|e| match e {
+            RouteError::NotFound => {
+                GatewayError::NotFound(format!("no such endpoint: {}", req.uri().path()))
+            }
+            RouteError::MethodNotAllowed(m) => GatewayError::MethodNotAllowed(format!(
+                "method {} is not allowed on {}; use {m}",
+                req.method(),
+                req.uri().path()
+            )),
+        })?;
+        match route {
+            Route::ServerMetadata => Ok(handlers::server_metadata(self)),
+            Route::Live => Ok(handlers::live()),
+            Route::Ready => handlers::ready(self),
+            Route::RepositoryIndex => Ok(handlers::repository_index(self)),
+            Route::ModelMetadata { model, version } => {
+                handlers::model_metadata(self, &model, version.as_deref())
+            }
+            Route::ModelReady { model, version } => {
+                handlers::model_ready(self, &model, version.as_deref())
+            }
+            Route::Infer { model, version } => {
+                check_content_encoding(&req)?;
+                let (parts, body) = req.into_parts();
+                let body = read_body(body, self.config.limits.max_body_bytes).await?;
+                infer::infer(self, &model, version.as_deref(), &parts, body).await
+            }
+        }
+    }
+}
+
+fn allowed_method(message: &str) -> Option<http::HeaderValue> {
+    message
+        .rsplit("use ")
+        .next()
+        .and_then(|m| http::HeaderValue::from_str(m).ok())
+}
+
+/// gzip and deflate bodies were decoded by the decompression layer, which removes the header;
+/// anything still marked as encoded is an encoding we do not support (501, like Triton).
+fn check_content_encoding<B>(req: &Request<B>) -> Result<(), GatewayError> {
+    match req.headers().get(header::CONTENT_ENCODING) {
+        None => Ok(()),
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => Ok(()),
+        Some(v) => Err(GatewayError::NotImplemented(format!(
+            "unsupported Content-Encoding '{}'; use gzip, deflate or none",
+            String::from_utf8_lossy(v.as_bytes())
+        ))),
+    }
+}
+
+/// Reads a whole request body, refusing more than `max` bytes (after decompression).
+async fn read_body<B>(body: B, max: usize) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge(
+            format!("request body is larger than the limit of {max} bytes (limits.max_body_bytes)"),
+        )),
+        Err(e) => Err(GatewayError::BadRequest(format!(
+            "cannot read the request body: {e}"
+        ))),
+    }
+}
+
+pub(crate) fn status_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
+    crate::body::json_response(status, &v)
+}

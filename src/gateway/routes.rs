@@ -1,0 +1,112 @@
+//! The v2 REST paths the gateway answers.
+
+use http::Method;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    ServerMetadata,
+    Live,
+    Ready,
+    ModelMetadata {
+        model: String,
+        version: Option<String>,
+    },
+    ModelReady {
+        model: String,
+        version: Option<String>,
+    },
+    Infer {
+        model: String,
+        version: Option<String>,
+    },
+    RepositoryIndex,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    NotFound,
+    /// The path exists but not for this method; holds the allowed method.
+    MethodNotAllowed(Method),
+}
+
+/// Matches a method and path. A trailing slash is tolerated.
+pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let (route, allowed) = match segments.as_slice() {
+        ["v2"] => (Route::ServerMetadata, Method::GET),
+        ["v2", "health", "live"] => (Route::Live, Method::GET),
+        ["v2", "health", "ready"] => (Route::Ready, Method::GET),
+        ["v2", "repository", "index"] => (Route::RepositoryIndex, Method::POST),
+        ["v2", "models", rest @ ..] => model_route(rest).ok_or(RouteError::NotFound)?,
+        _ => return Err(RouteError::NotFound),
+    };
+    if *method == allowed || (allowed == Method::GET && *method == Method::HEAD) {
+        Ok(route)
+    } else {
+        Err(RouteError::MethodNotAllowed(allowed))
+    }
+}
+
+fn model_route(rest: &[&str]) -> Option<(Route, Method)> {
+    let (model, version, tail) = match rest {
+        [m, "versions", v, tail @ ..] if !m.is_empty() && !v.is_empty() => {
+            (m, Some(v.to_string()), tail)
+        }
+        [m, tail @ ..] if !m.is_empty() => (m, None, tail),
+        _ => return None,
+    };
+    let model = model.to_string();
+    Some(match tail {
+        [] => (Route::ModelMetadata { model, version }, Method::GET),
+        ["ready"] => (Route::ModelReady { model, version }, Method::GET),
+        ["infer"] => (Route::Infer { model, version }, Method::POST),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route(&Method::GET, "/v2"), Ok(Route::ServerMetadata));
+        assert_eq!(route(&Method::GET, "/v2/health/ready/"), Ok(Route::Ready));
+        assert_eq!(
+            route(&Method::POST, "/v2/models/simple/versions/3/infer"),
+            Ok(Route::Infer {
+                model: "simple".into(),
+                version: Some("3".into())
+            })
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/simple/ready"),
+            Ok(Route::ModelReady {
+                model: "simple".into(),
+                version: None
+            })
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/simple/infer"),
+            Err(RouteError::MethodNotAllowed(Method::POST))
+        );
+        assert_eq!(
+            route(&Method::POST, "/v2"),
+            Err(RouteError::MethodNotAllowed(Method::GET))
+        );
+        assert_eq!(route(&Method::GET, "/v3"), Err(RouteError::NotFound));
+        assert_eq!(
+            route(&Method::POST, "/v2/repository/index"),
+            Ok(Route::RepositoryIndex)
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models//infer"),
+            Err(RouteError::NotFound)
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/x/versions/1/foo"),
+            Err(RouteError::NotFound)
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The built-in models, behind the `Model` trait. They serve in-process (the `builtin`
+//! backend) and from `tensorgate worker` processes.
+
+mod accumulate;
+mod classifier;
+mod identity;
+mod simple;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor, TensorMetadata};
+
+pub use accumulate::Accumulate;
+pub use classifier::Classifier;
+pub use identity::Identity;
+pub use simple::Simple;
+
+/// Why a model refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelError {
+    /// The request is wrong for this model (400).
+    Invalid(String),
+}
+
+impl ModelError {
+    pub fn message(&self) -> &str {
+        match self {
+            ModelError::Invalid(m) => m,
+        }
+    }
+}
+
+pub trait Model: Send + Sync {
+    fn metadata(&self) -> &ModelMetadata;
+    /// Runs the model. The request has been validated against `metadata()`; every output is
+    /// returned and the caller keeps the ones the client asked for.
+    fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError>;
+}
+
+pub(crate) fn tensor_meta(name: &str, dt: DataType, shape: &[i64]) -> TensorMetadata {
+    TensorMetadata {
+        name: name.into(),
+        datatype: dt.as_str().into(),
+        shape: shape.to_vec(),
+    }
+}
+
+pub(crate) fn metadata(
+    name: &str,
+    inputs: Vec<TensorMetadata>,
+    outputs: Vec<TensorMetadata>,
+) -> ModelMetadata {
+    ModelMetadata {
+        name: name.into(),
+        versions: vec!["1".into()],
+        platform: "tensorgate_builtin".into(),
+        inputs,
+        outputs,
+    }
+}
+
+pub(crate) fn input<'a>(req: &'a InferRequest, name: &str) -> Result<&'a Tensor, ModelError> {
+    req.inputs
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| ModelError::Invalid(format!("input '{name}' is missing")))
+}
+
+/// Settings of the built-in models that come from the config.
+#[derive(Debug, Clone)]
+pub struct BuiltinSettings {
+    pub sequence_idle_timeout: Duration,
+}
+
+impl Default for BuiltinSettings {
+    fn default() -> Self {
+        BuiltinSettings {
+            sequence_idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Names of every built-in model.
+pub fn builtin_names() -> Vec<String> {
+    let mut v = vec![
+        "simple".to_string(),
+        "accumulate".into(),
+        "classifier".into(),
+    ];
+    v.extend(DataType::ALL.iter().map(|dt| Identity::name_for(*dt)));
+    v
+}
+
+/// Builds the named built-in models (all of them when `only` is empty).
+pub fn builtin_models(
+    only: &[String],
+    settings: &BuiltinSettings,
+) -> Result<BTreeMap<String, Arc<dyn Model>>, String> {
+    let all = builtin_names();
+    for n in only {
+        if !all.contains(n) {
+            return Err(format!(
+                "unknown built-in model '{n}' (the built-in models are {})",
+                all.join(", ")
+            ));
+        }
+    }
+    let mut out: BTreeMap<String, Arc<dyn Model>> = BTreeMap::new();
+    for name in all
+        .into_iter()
+        .filter(|n| only.is_empty() || only.contains(n))
+    {
+        let m: Arc<dyn Model> = match name.as_str() {
+            "simple" => Arc::new(Simple::new()),
+            "accumulate" => Arc::new(Accumulate::new(settings.sequence_idle_timeout)),
+            "classifier" => Arc::new(Classifier::new()),
+            other => {
+                let dt = DataType::ALL
+                    .iter()
+                    .copied()
+                    .find(|dt| Identity::name_for(*dt) == other)
+                    .expect("every other built-in name is an identity model");
+                Arc::new(Identity::new(dt))
+            }
+        };
+        out.insert(name, m);
+    }
+    Ok(out)
+}

@@ -1,0 +1,99 @@
+//! Starting and stopping a gateway: used by the binary and by the integration tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::fleet::{http::new_client, Fleet};
+use crate::gateway::Gateway;
+use crate::metrics::Metrics;
+use crate::server;
+
+/// How long in-flight requests may take to finish after shutdown begins.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct Running {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub gateway: Arc<Gateway>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    refresher: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting, reports not-ready, and waits for in-flight requests (up to the drain
+    /// deadline).
+    pub async fn shutdown(self) {
+        self.gateway.start_draining();
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.refresher.abort();
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} for {what}: {e}"))
+}
+
+/// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
+/// Returns once the listeners are bound and the first discovery round is done.
+pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String> {
+    let config = Arc::new(config);
+    let client = new_client(Duration::from_millis(config.fleet.connect_timeout_ms));
+    let fleet = Arc::new(Fleet::from_config(&config, client)?);
+    let metrics = Arc::new(Metrics::new());
+    let gateway = Arc::new(Gateway::new(config.clone(), fleet.clone(), metrics.clone()));
+
+    let listener = bind(config.server.listen, "the v2 API").await?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics_listener = if with_metrics {
+        Some(bind(config.server.metrics_listen, "metrics").await?)
+    } else {
+        None
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+    fleet.refresh().await;
+    let refresher = tokio::spawn(
+        fleet
+            .clone()
+            .run_refresh(Duration::from_millis(config.fleet.refresh_interval_ms)),
+    );
+
+    let (stop, stopped) = watch::channel(false);
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut tasks = vec![tokio::spawn(server::serve(
+        listener,
+        server::gateway_service(gateway.clone()),
+        wait(stopped.clone()),
+        DRAIN_DEADLINE,
+    ))];
+    if let Some(l) = metrics_listener {
+        tasks.push(tokio::spawn(server::serve(
+            l,
+            server::metrics_service(metrics),
+            wait(stopped),
+            Duration::from_secs(1),
+        )));
+    }
+    Ok(Running {
+        addr,
+        metrics_addr,
+        gateway,
+        stop,
+        tasks,
+        refresher,
+    })
+}
