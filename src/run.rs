@@ -52,7 +52,11 @@ pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String
     let client = new_client(Duration::from_millis(config.fleet.connect_timeout_ms));
     let fleet = Arc::new(Fleet::from_config(&config, client)?);
     let metrics = Arc::new(Metrics::new());
-    let gateway = Arc::new(Gateway::new(config.clone(), fleet.clone(), metrics.clone()));
+    let gateway = Arc::new(Gateway::new(
+        config.clone(),
+        fleet.clone(),
+        metrics.clone(),
+    )?);
 
     let listener = bind(config.server.listen, "the v2 API").await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;

@@ -164,6 +164,21 @@ pub struct BackendConfig {
     /// Only these models are used from this backend; empty means all it reports.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Who applies the classification extension for requests sent to this backend.
+    #[serde(default)]
+    pub classification: ClassificationMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassificationMode {
+    /// The backend if it lists `classification` in its server metadata, else the gateway.
+    #[default]
+    Auto,
+    /// Always the gateway: the backend is asked for the raw tensor.
+    Gateway,
+    /// Always the backend: the parameter is passed on unchanged.
+    Backend,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -227,6 +242,8 @@ impl Config {
         c.set_backends(&["builtin".to_string()])
             .expect("the builtin backend is valid");
         c.backends[0].models = models.to_vec();
+        // The built-in classifier carries its own labels; no label files are needed.
+        c.models.clear();
         c
     }
 }

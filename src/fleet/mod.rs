@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{BackendConfig, Config, Encoding};
+use crate::config::{BackendConfig, ClassificationMode, Config, Encoding};
 use crate::models::{builtin_models, BuiltinSettings};
 use crate::protocol::metadata::extensions;
 use crate::protocol::ServerMetadata;
@@ -62,6 +62,7 @@ pub struct BackendHandle {
     pub url: String,
     pub backend: Arc<dyn Backend>,
     pub encoding: Encoding,
+    pub classification: ClassificationMode,
     /// Only these models are used from this backend (empty: all).
     pub only_models: Vec<String>,
     pub state: ArcSwap<BackendState>,
@@ -154,6 +155,7 @@ fn build_handle(
         url,
         backend,
         encoding: b.encoding,
+        classification: b.classification,
         only_models: b.models.clone(),
         state: ArcSwap::from_pointee(BackendState::default()),
         outstanding: AtomicUsize::new(0),

@@ -10,7 +10,11 @@ use crate::fleet::CatalogEntry;
 use crate::protocol::metadata::extensions;
 
 /// The extensions the gateway itself guarantees, whatever the backends support.
-pub const GATEWAY_EXTENSIONS: &[&str] = &[extensions::BINARY_TENSOR_DATA, extensions::SEQUENCE];
+pub const GATEWAY_EXTENSIONS: &[&str] = &[
+    extensions::BINARY_TENSOR_DATA,
+    extensions::CLASSIFICATION,
+    extensions::SEQUENCE,
+];
 
 pub fn server_metadata(gw: &Gateway) -> Response<Body> {
     status_json(

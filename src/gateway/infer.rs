@@ -10,6 +10,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
+use super::classification;
 use super::handlers::lookup;
 use super::respond::{adapt_request, client_response};
 use super::Gateway;
@@ -83,14 +84,18 @@ pub async fn infer(
         })?;
     let caps = backend.capabilities();
     let in_process = backend.backend.in_process();
+    let classifications = classification::plan(&req, &entry.metadata, &backend, &gw.labels)?;
     // The client's own bytes go on unchanged when the backend handles everything they ask.
-    let passthrough = !in_process && caps.binary && caps.exact_outputs;
+    let passthrough =
+        !in_process && caps.binary && caps.exact_outputs && classifications.is_empty();
     let payload = if in_process {
         Payload::Decoded(req.clone())
     } else if passthrough {
         Payload::Wire(original_body(body, header_length))
     } else {
-        Payload::Wire(encode_request(&adapt_request(&req, caps), caps.binary)?.into())
+        Payload::Wire(
+            encode_request(&adapt_request(&req, caps, &classifications), caps.binary)?.into(),
+        )
     };
 
     let _outstanding = Outstanding::new(&backend);
@@ -106,7 +111,7 @@ pub async fn infer(
         .map_err(|e| backend_error(&backend, e))?;
 
     let mut response = match reply {
-        Reply::Decoded(resp) => client_response(&req, resp, &backend.name)?,
+        Reply::Decoded(resp) => client_response(&req, resp, &backend.name, &classifications)?,
         Reply::Http {
             status,
             headers,
@@ -141,7 +146,7 @@ pub async fn infer(
                         backend.name
                     ))
                 })?;
-                client_response(&req, resp, &backend.name)?
+                client_response(&req, resp, &backend.name, &classifications)?
             }
         }
     };

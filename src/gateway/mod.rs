@@ -1,7 +1,9 @@
 //! The gateway: shared state and the dispatch of each request to its handler.
 
+mod classification;
 mod handlers;
 mod infer;
+pub mod labels;
 mod respond;
 pub mod routes;
 
@@ -24,18 +26,25 @@ pub struct Gateway {
     pub fleet: Arc<Fleet>,
     pub limits: crate::protocol::Limits,
     pub metrics: Arc<Metrics>,
+    pub labels: labels::Labels,
     draining: AtomicBool,
 }
 
 impl Gateway {
-    pub fn new(config: Arc<Config>, fleet: Arc<Fleet>, metrics: Arc<Metrics>) -> Self {
-        Gateway {
+    /// Fails when a configured label file cannot be read.
+    pub fn new(
+        config: Arc<Config>,
+        fleet: Arc<Fleet>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        Ok(Gateway {
             limits: config.limits.protocol(),
+            labels: labels::Labels::load(&config)?,
             config,
             fleet,
             metrics,
             draining: AtomicBool::new(false),
-        }
+        })
     }
 
     /// From now on readiness reports 503, so load balancers stop sending new requests.

@@ -3,6 +3,7 @@
 
 use http::Response;
 
+use super::classification::{self, Classification};
 use crate::body::{encoded_response, Body};
 use crate::error::GatewayError;
 use crate::fleet::Capabilities;
@@ -12,7 +13,12 @@ use crate::protocol::{
 
 /// The request as a backend should see it: outputs in binary when it supports that (the
 /// cheapest to transcode), otherwise without any binary parameters at all.
-pub fn adapt_request(req: &InferRequest, caps: Capabilities) -> InferRequest {
+/// Outputs the gateway classifies are asked for raw.
+pub fn adapt_request(
+    req: &InferRequest,
+    caps: Capabilities,
+    classifications: &[Classification],
+) -> InferRequest {
     let mut r = req.clone();
     r.parameters.remove("binary_data_output");
     match &mut r.outputs {
@@ -23,6 +29,10 @@ pub fn adapt_request(req: &InferRequest, caps: Capabilities) -> InferRequest {
                     o.parameters.set("binary_data", ParamValue::Bool(true));
                 }
                 o.options.binary_data = caps.binary.then_some(true);
+                if classifications.iter().any(|c| c.output == o.name) {
+                    o.parameters.remove("classification");
+                    o.options.classification = None;
+                }
             }
         }
         None => {
@@ -69,8 +79,10 @@ pub fn client_response(
     req: &InferRequest,
     mut resp: InferResponse,
     backend: &str,
+    classifications: &[Classification],
 ) -> Result<Response<Body>, GatewayError> {
     resp.outputs = select_outputs(req, std::mem::take(&mut resp.outputs), backend)?;
+    classification::apply(classifications, &mut resp.outputs)?;
     resp.id = req.id.clone().filter(|id| !id.is_empty());
     let binary: Vec<bool> = resp
         .outputs

@@ -62,9 +62,16 @@ impl Default for Classifier {
     }
 }
 
+/// The labels of the 10 classes, the same text as `config/labels/classifier.txt`.
+pub const LABELS: &str = include_str!("../../config/labels/classifier.txt");
+
 impl Model for Classifier {
     fn metadata(&self) -> &ModelMetadata {
         &self.meta
+    }
+
+    fn labels(&self, output: &str) -> Option<Vec<String>> {
+        (output == "OUTPUT0").then(|| crate::gateway::labels::parse_labels(LABELS))
     }
 
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError> {

@@ -37,6 +37,10 @@ pub trait Model: Send + Sync {
     /// Runs the model. The request has been validated against `metadata()`; every output is
     /// returned and the caller keeps the ones the client asked for.
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError>;
+    /// Classification labels the model carries for `output`, if any.
+    fn labels(&self, _output: &str) -> Option<Vec<String>> {
+        None
+    }
 }
 
 pub(crate) fn tensor_meta(name: &str, dt: DataType, shape: &[i64]) -> TensorMetadata {

@@ -2,6 +2,7 @@
 //! validation and transcoding. Pure: no sockets, no tokio. The tensor model is neutral to the
 //! encoding, so other fronts (gRPC) can share it.
 
+pub mod classify;
 pub mod datatype;
 pub mod decode;
 pub mod encode;
