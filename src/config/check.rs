@@ -44,10 +44,25 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
                 message: format!("duplicate backend name '{}'", b.name.get_ref()),
             });
         }
+        let url_line = Some(line_of(text, b.url.span().start));
         if let Err(m) = check_url(b.url.get_ref()) {
             errors.push(ConfigError {
-                line: Some(line_of(text, b.url.span().start)),
+                line: url_line,
                 message: m,
+            });
+        } else if b.discovery == super::Discovery::Dns && b.url.get_ref() == "builtin" {
+            errors.push(ConfigError {
+                line: url_line,
+                message: format!(
+                    "backend '{}': discovery = \"dns\" needs an http:// URL",
+                    b.name.get_ref()
+                ),
+            });
+        }
+        if b.weight == 0 {
+            errors.push(ConfigError {
+                line: Some(line_of(text, b.name.span().start)),
+                message: format!("backend '{}': weight must be at least 1", b.name.get_ref()),
             });
         }
     }
@@ -123,6 +138,16 @@ mod tests {
                 "line 3: backend url 'ftp://x:1' must start with http:// (or be the word builtin)",
                 "line 6: duplicate backend name 'a'",
                 "line 7: backend url 'http://h:1/v2' must not have a path",
+            ]
+        );
+        let e = errors(
+            "[[backends]]\nname = \"b\"\nurl = \"builtin\"\ndiscovery = \"dns\"\nweight = 0\n",
+        );
+        assert_eq!(
+            e,
+            vec![
+                "line 3: backend 'b': discovery = \"dns\" needs an http:// URL",
+                "line 2: backend 'b': weight must be at least 1",
             ]
         );
         let e = errors("[[backends]]\nname = \"a\"\nurl = \"builtin\"\nencoding = \"xml\"\n");

@@ -131,6 +131,19 @@ pub struct FleetConfig {
     pub probe_timeout_ms: u64,
     /// Deadline for opening a connection to a backend.
     pub connect_timeout_ms: u64,
+    /// How often DNS backends (`discovery = "dns"`) are resolved again.
+    pub dns_interval_ms: u64,
+    /// Consecutive connection failures or 5xx answers after which a backend is ejected.
+    pub eject_after_failures: u32,
+    /// First ejection lasts this long; each further one doubles it, up to `eject_max_ms`.
+    pub eject_base_ms: u64,
+    pub eject_max_ms: u64,
+    /// A sequence's pin is dropped after this long without requests.
+    pub sequence_idle_timeout_ms: u64,
+    /// Most live sequence pins; beyond it, new sequences are routed by hash alone.
+    pub max_sequences: usize,
+    /// Watch the config file and reload it when it changes (SIGHUP always reloads).
+    pub watch_config: bool,
 }
 
 impl Default for FleetConfig {
@@ -139,6 +152,13 @@ impl Default for FleetConfig {
             refresh_interval_ms: 5_000,
             probe_timeout_ms: 2_000,
             connect_timeout_ms: 1_000,
+            dns_interval_ms: 10_000,
+            eject_after_failures: 3,
+            eject_base_ms: 1_000,
+            eject_max_ms: 30_000,
+            sequence_idle_timeout_ms: 300_000,
+            max_sequences: 1_000_000,
+            watch_config: true,
         }
     }
 }
@@ -167,6 +187,27 @@ pub struct BackendConfig {
     /// Who applies the classification extension for requests sent to this backend.
     #[serde(default)]
     pub classification: ClassificationMode,
+    /// `"dns"`: every address the URL's host resolves to is a backend of its own (for a
+    /// Kubernetes headless Service), re-resolved every `fleet.dns_interval_ms`.
+    #[serde(default)]
+    pub discovery: Discovery,
+    /// Share of sequences and load relative to other backends (default 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Discovery {
+    /// The URL is one backend.
+    #[default]
+    Static,
+    /// One backend per address the host resolves to.
+    Dns,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
