@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod metrics;
 pub mod models;
 pub mod protocol;
+pub mod reload;
 pub mod routing;
 pub mod run;
 pub mod server;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tensorgate::config::{Config, LogFormat};
 use tensorgate::models::builtin_names;
+use tensorgate::reload::Loader;
 
 #[derive(Parser)]
 #[command(
@@ -79,7 +80,11 @@ fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigErro
     }
 }
 
-async fn run(config: Config, with_metrics: bool) -> ExitCode {
+async fn run(
+    config: Config,
+    with_metrics: bool,
+    reload: Option<(Loader, Option<PathBuf>)>,
+) -> ExitCode {
     let running = match tensorgate::run::start(config, with_metrics).await {
         Ok(r) => r,
         Err(e) => {
@@ -88,7 +93,17 @@ async fn run(config: Config, with_metrics: bool) -> ExitCode {
         }
     };
     tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "tensorgate is serving");
+    let reloader = reload.map(|(load, watch)| {
+        tokio::spawn(tensorgate::reload::run(
+            running.gateway.clone(),
+            load,
+            watch,
+        ))
+    });
     wait_for_signal().await;
+    if let Some(r) = reloader {
+        r.abort();
+    }
     tracing::info!("shutting down: draining in-flight requests");
     running.shutdown().await;
     ExitCode::SUCCESS
@@ -105,7 +120,7 @@ async fn wait_for_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (config, with_metrics) = match cli.command {
+    let (config, with_metrics, reload) = match cli.command {
         Command::CheckConfig { file } => {
             return match Config::load(&file) {
                 Ok(_) => {
@@ -148,7 +163,25 @@ fn main() -> ExitCode {
             if let Some(l) = metrics_listen {
                 c.server.metrics_listen = l;
             }
-            (c, true)
+            // A reload reads the file again and re-applies the command line over it.
+            let watch = config.clone().filter(|_| c.fleet.watch_config);
+            let loader: Loader = std::sync::Arc::new(move || {
+                let mut c = match &config {
+                    Some(path) => Config::load(path).map_err(|errors| {
+                        errors
+                            .iter()
+                            .map(|e| format!("{}: {e}", path.display()))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    })?,
+                    None => Config::embedded_default(),
+                };
+                if !backends.is_empty() {
+                    c.set_backends(&backends).map_err(|e| format!("{e:?}"))?;
+                }
+                Ok(c)
+            });
+            (c, true, Some((loader, watch)))
         }
         Command::Worker { listen, models } => {
             let all = builtin_names();
@@ -159,7 +192,7 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
-            (Config::worker(listen, &models), false)
+            (Config::worker(listen, &models), false, None)
         }
     };
     init_logging(&config.server.log_level, config.server.log_format);
@@ -167,5 +200,5 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(run(config, with_metrics))
+    runtime.block_on(run(config, with_metrics, reload))
 }

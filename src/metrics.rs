@@ -5,6 +5,7 @@ use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
 pub struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
+    pub config_reloads: IntCounterVec,
 }
 
 impl Metrics {
@@ -21,7 +22,22 @@ impl Metrics {
         registry
             .register(Box::new(requests.clone()))
             .expect("unique metric");
-        Metrics { registry, requests }
+        let config_reloads = IntCounterVec::new(
+            Opts::new(
+                "tensorgate_config_reloads_total",
+                "Config reloads, by result",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(config_reloads.clone()))
+            .expect("unique metric");
+        Metrics {
+            registry,
+            requests,
+            config_reloads,
+        }
     }
 
     /// The text exposition format.

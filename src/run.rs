@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::fleet::discovery::{Resolve, SystemResolver};
 use crate::fleet::{http::new_client, Fleet};
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
@@ -24,6 +25,7 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     refresher: JoinHandle<()>,
+    rediscover: JoinHandle<()>,
 }
 
 impl Running {
@@ -36,6 +38,12 @@ impl Running {
             let _ = t.await;
         }
         self.refresher.abort();
+        self.rediscover.abort();
+    }
+
+    /// Applies a new config (what SIGHUP and a file change do).
+    pub async fn reload(&self, config: Config) -> Result<(), String> {
+        self.gateway.reload(config).await
     }
 }
 
@@ -48,9 +56,19 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
 /// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
 /// Returns once the listeners are bound and the first discovery round is done.
 pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String> {
+    let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver::new()?);
+    start_with_resolver(config, with_metrics, resolver).await
+}
+
+/// `start` with a given DNS resolver (tests use a fixed table).
+pub async fn start_with_resolver(
+    config: Config,
+    with_metrics: bool,
+    resolver: Arc<dyn Resolve>,
+) -> Result<Running, String> {
     let config = Arc::new(config);
     let client = new_client(Duration::from_millis(config.fleet.connect_timeout_ms));
-    let fleet = Arc::new(Fleet::from_config(&config, client)?);
+    let fleet = Arc::new(Fleet::new(&config, client, resolver));
     let metrics = Arc::new(Metrics::new());
     let gateway = Arc::new(Gateway::new(
         config.clone(),
@@ -67,12 +85,13 @@ pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
-    fleet.refresh().await;
+    fleet.reconcile(&config).await?;
     let refresher = tokio::spawn(
         fleet
             .clone()
             .run_refresh(Duration::from_millis(config.fleet.refresh_interval_ms)),
     );
+    let rediscover = tokio::spawn(rediscover(gateway.clone()));
 
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
@@ -99,5 +118,23 @@ pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String
         stop,
         tasks,
         refresher,
+        rediscover,
     })
+}
+
+/// Resolves DNS backends again every `fleet.dns_interval_ms`.
+async fn rediscover(gateway: Arc<Gateway>) {
+    loop {
+        let config = gateway.config();
+        tokio::time::sleep(Duration::from_millis(config.fleet.dns_interval_ms.max(100))).await;
+        if config
+            .backends
+            .iter()
+            .any(|b| b.discovery == crate::config::Discovery::Dns)
+        {
+            if let Err(e) = gateway.fleet.reconcile(&gateway.config()).await {
+                tracing::warn!(error = %e, "DNS rediscovery failed");
+            }
+        }
+    }
 }

@@ -6,12 +6,15 @@ use std::sync::Arc;
 
 use super::BackendHandle;
 use crate::protocol::ModelMetadata;
+use crate::routing::maglev::Maglev;
 
 #[derive(Clone)]
 pub struct CatalogEntry {
     pub metadata: Arc<ModelMetadata>,
     /// Backends that report the model ready, in config order.
     pub ready: Vec<Arc<BackendHandle>>,
+    /// The consistent-hash table over `ready`, for sequences.
+    pub maglev: Arc<Maglev>,
 }
 
 #[derive(Clone, Default)]
@@ -22,7 +25,8 @@ pub struct Catalog {
 impl Catalog {
     /// The first backend (in config order) that reports a model provides its metadata, so the
     /// choice is the same on every replica.
-    pub fn build(backends: &[Arc<BackendHandle>]) -> Catalog {
+    /// Tables whose membership did not change are taken from `previous`.
+    pub fn build(backends: &[Arc<BackendHandle>], previous: &Catalog) -> Catalog {
         let mut models: BTreeMap<String, CatalogEntry> = BTreeMap::new();
         for h in backends {
             let state = h.state.load();
@@ -33,11 +37,27 @@ impl Catalog {
                 let entry = models.entry(name.clone()).or_insert_with(|| CatalogEntry {
                     metadata: Arc::new(m.metadata.clone()),
                     ready: Vec::new(),
+                    maglev: Arc::new(Maglev::new(&[])),
                 });
                 if m.ready {
                     entry.ready.push(h.clone());
                 }
             }
+        }
+        for (name, e) in models.iter_mut() {
+            let members: Vec<(&str, u32)> =
+                e.ready.iter().map(|h| (h.key.as_str(), h.weight)).collect();
+            let same = previous.models.get(name).is_some_and(|p| {
+                p.ready.len() == e.ready.len()
+                    && p.ready
+                        .iter()
+                        .zip(&e.ready)
+                        .all(|(a, b)| a.key == b.key && a.weight == b.weight)
+            });
+            e.maglev = match previous.models.get(name) {
+                Some(p) if same => p.maglev.clone(),
+                _ => Arc::new(Maglev::new(&members)),
+            };
         }
         Catalog { models }
     }

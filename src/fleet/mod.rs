@@ -1,9 +1,12 @@
-//! The fleet: the configured backends, what each one serves and supports, and the catalog
-//! of models that routing and validation read. A background task refreshes it.
+//! The fleet: the backends, what each one serves and supports, its health, and the catalog
+//! of models that routing and validation read. Membership changes (config reloads, DNS)
+//! swap in a new list atomically; requests in flight keep the handles they hold.
 
 pub mod backend;
 pub mod builtin;
 pub mod catalog;
+pub mod discovery;
+pub mod health;
 pub mod http;
 
 use std::collections::HashMap;
@@ -13,12 +16,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{BackendConfig, ClassificationMode, Config, Encoding};
+use crate::config::{BackendConfig, ClassificationMode, Config, Discovery, Encoding};
 use crate::models::{builtin_models, BuiltinSettings};
 use crate::protocol::metadata::extensions;
 use crate::protocol::ServerMetadata;
 use backend::{Backend, DiscoveredModel};
 pub use catalog::{Catalog, CatalogEntry};
+use discovery::Resolve;
+use health::{EjectionPolicy, Health};
 
 /// What a backend supports, as learned from its server metadata and the config.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,57 +63,82 @@ pub struct BackendState {
 }
 
 pub struct BackendHandle {
+    /// Name for logs, metrics and the `x-tensorgate-backend` header.
     pub name: String,
-    pub url: String,
+    /// Identity for hashing and pins: the URL (or `builtin`), the same on every replica.
+    pub key: String,
     pub backend: Arc<dyn Backend>,
     pub encoding: Encoding,
     pub classification: ClassificationMode,
+    pub weight: u32,
     /// Only these models are used from this backend (empty: all).
     pub only_models: Vec<String>,
     pub state: ArcSwap<BackendState>,
     /// Requests sent and not yet answered, for load balancing.
     pub outstanding: AtomicUsize,
+    pub health: Health,
 }
 
 impl BackendHandle {
     pub fn capabilities(&self) -> Capabilities {
         self.state.load().capabilities
     }
+
+    /// Whether this handle can stand for `b` at `url` after a reload, keeping its health,
+    /// state and pooled connections.
+    fn same_as(&self, name: &str, url: &str, b: &BackendConfig) -> bool {
+        self.name == name
+            && self.key == url
+            && self.encoding == b.encoding
+            && self.classification == b.classification
+            && self.weight == b.weight
+            && self.only_models == b.models
+    }
 }
 
 pub struct Fleet {
-    backends: Vec<Arc<BackendHandle>>,
+    backends: ArcSwap<Vec<Arc<BackendHandle>>>,
     catalog: ArcSwap<Catalog>,
     /// Model names to probe on backends that cannot list their models.
-    hint: Vec<String>,
+    hint: ArcSwap<Vec<String>>,
     refreshed_once: AtomicBool,
+    client: http::HttpClient,
+    resolver: Arc<dyn Resolve>,
+    builtin: BuiltinSettings,
+    probe_timeout: Duration,
+    pub ejection: EjectionPolicy,
+    /// Serializes reconciliations (reload and DNS) so that they cannot interleave.
+    reconcile_lock: tokio::sync::Mutex<()>,
 }
 
 impl Fleet {
-    pub fn from_config(config: &Config, client: http::HttpClient) -> Result<Fleet, String> {
-        let settings = BuiltinSettings {
-            sequence_idle_timeout: config
-                .model("accumulate")
-                .and_then(|m| m.sequence_idle_timeout_ms)
-                .map(Duration::from_millis)
-                .unwrap_or(BuiltinSettings::default().sequence_idle_timeout),
-        };
-        let probe = Duration::from_millis(config.fleet.probe_timeout_ms);
-        let backends = config
-            .backends
-            .iter()
-            .map(|b| build_handle(b, &settings, client.clone(), probe))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Fleet {
-            backends,
+    pub fn new(config: &Config, client: http::HttpClient, resolver: Arc<dyn Resolve>) -> Fleet {
+        Fleet {
+            backends: ArcSwap::from_pointee(Vec::new()),
             catalog: ArcSwap::from_pointee(Catalog::default()),
-            hint: config.models.keys().cloned().collect(),
+            hint: ArcSwap::from_pointee(config.models.keys().cloned().collect()),
             refreshed_once: AtomicBool::new(false),
-        })
+            client,
+            resolver,
+            builtin: BuiltinSettings {
+                sequence_idle_timeout: config
+                    .model("accumulate")
+                    .and_then(|m| m.sequence_idle_timeout_ms)
+                    .map(Duration::from_millis)
+                    .unwrap_or(BuiltinSettings::default().sequence_idle_timeout),
+            },
+            probe_timeout: Duration::from_millis(config.fleet.probe_timeout_ms),
+            ejection: EjectionPolicy {
+                after_failures: config.fleet.eject_after_failures.max(1),
+                base: Duration::from_millis(config.fleet.eject_base_ms),
+                max: Duration::from_millis(config.fleet.eject_max_ms),
+            },
+            reconcile_lock: tokio::sync::Mutex::new(()),
+        }
     }
 
-    pub fn backends(&self) -> &[Arc<BackendHandle>] {
-        &self.backends
+    pub fn backends(&self) -> Arc<Vec<Arc<BackendHandle>>> {
+        self.backends.load_full()
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -119,11 +149,101 @@ impl Fleet {
         self.refreshed_once.load(Ordering::Acquire)
     }
 
-    /// Asks every backend, in parallel, for its metadata and models, then rebuilds the catalog.
+    /// Makes the backend list match `config`, resolving DNS backends, reusing the handles
+    /// of backends that stay, then refreshes. Built-in backends are built once and kept.
+    pub async fn reconcile(&self, config: &Config) -> Result<(), String> {
+        let _guard = self.reconcile_lock.lock().await;
+        let old = self.backends.load_full();
+        let mut new = Vec::new();
+        for b in &config.backends {
+            let name = b.name.get_ref();
+            let url = b.url.get_ref();
+            let concrete: Vec<(String, String)> = match b.discovery {
+                Discovery::Static => vec![(name.clone(), url.clone())],
+                Discovery::Dns => match self.resolve(url).await {
+                    Ok(list) => list
+                        .into_iter()
+                        .map(|u| (format!("{name}/{}", u.trim_start_matches("http://")), u))
+                        .collect(),
+                    Err(e) => {
+                        // Keep what we had rather than dropping a fleet on a DNS hiccup.
+                        tracing::warn!(backend = %name, error = %e, "DNS discovery failed; keeping the previous addresses");
+                        old.iter()
+                            .filter(|h| h.name.starts_with(&format!("{name}/")))
+                            .map(|h| (h.name.clone(), h.key.clone()))
+                            .collect()
+                    }
+                },
+            };
+            for (n, u) in concrete {
+                match old.iter().find(|h| h.same_as(&n, &u, b)) {
+                    Some(h) => new.push(h.clone()),
+                    None => new.push(self.build_handle(&n, &u, b)?),
+                }
+            }
+        }
+        self.hint
+            .store(Arc::new(config.models.keys().cloned().collect()));
+        self.backends.store(Arc::new(new));
+        drop(_guard);
+        self.refresh().await;
+        Ok(())
+    }
+
+    async fn resolve(&self, url: &str) -> Result<Vec<String>, String> {
+        let uri: ::http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let host = uri.host().ok_or_else(|| format!("{url} has no host"))?;
+        let mut ips = self.resolver.resolve(host).await?;
+        ips.sort();
+        ips.dedup();
+        Ok(ips
+            .into_iter()
+            .map(|ip| discovery::address_url(&uri, ip))
+            .collect())
+    }
+
+    fn build_handle(
+        &self,
+        name: &str,
+        url: &str,
+        b: &BackendConfig,
+    ) -> Result<Arc<BackendHandle>, String> {
+        let backend: Arc<dyn Backend> = if url == "builtin" {
+            Arc::new(builtin::BuiltinBackend::new(builtin_models(
+                &b.models,
+                &self.builtin,
+            )?))
+        } else {
+            Arc::new(http::HttpBackend::new(
+                url,
+                self.client.clone(),
+                self.probe_timeout,
+            ))
+        };
+        Ok(Arc::new(BackendHandle {
+            name: name.to_string(),
+            key: url.to_string(),
+            backend,
+            encoding: b.encoding,
+            classification: b.classification,
+            weight: b.weight.max(1),
+            only_models: b.models.clone(),
+            state: ArcSwap::from_pointee(BackendState::default()),
+            outstanding: AtomicUsize::new(0),
+            health: Health::default(),
+        }))
+    }
+
+    /// Asks every backend, in parallel, for its metadata, models and readiness (the active
+    /// health check), then rebuilds the catalog.
     pub async fn refresh(&self) {
-        let rounds = self.backends.iter().map(|h| refresh_backend(h, &self.hint));
+        let backends = self.backends.load_full();
+        let hint = self.hint.load_full();
+        let rounds = backends.iter().map(|h| refresh_backend(h, &hint));
         futures_util::future::join_all(rounds).await;
-        self.catalog.store(Arc::new(Catalog::build(&self.backends)));
+        let previous = self.catalog.load_full();
+        self.catalog
+            .store(Arc::new(Catalog::build(&backends, &previous)));
         self.refreshed_once.store(true, Ordering::Release);
     }
 
@@ -136,34 +256,13 @@ impl Fleet {
     }
 }
 
-fn build_handle(
-    b: &BackendConfig,
-    settings: &BuiltinSettings,
-    client: http::HttpClient,
-    probe: Duration,
-) -> Result<Arc<BackendHandle>, String> {
-    let url = b.url.get_ref().clone();
-    let backend: Arc<dyn Backend> = if url == "builtin" {
-        Arc::new(builtin::BuiltinBackend::new(builtin_models(
-            &b.models, settings,
-        )?))
-    } else {
-        Arc::new(http::HttpBackend::new(&url, client, probe))
-    };
-    Ok(Arc::new(BackendHandle {
-        name: b.name.get_ref().clone(),
-        url,
-        backend,
-        encoding: b.encoding,
-        classification: b.classification,
-        only_models: b.models.clone(),
-        state: ArcSwap::from_pointee(BackendState::default()),
-        outstanding: AtomicUsize::new(0),
-    }))
-}
-
 async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
     let result = async {
+        if !h.backend.ready().await {
+            return Err(backend::BackendError::Failed(
+                "GET /v2/health/ready did not answer 2xx".into(),
+            ));
+        }
         let server = h.backend.server_metadata().await?;
         let hint: Vec<String> = if h.only_models.is_empty() {
             hint.to_vec()
@@ -187,7 +286,7 @@ async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
             last_error: None,
         },
         Err(e) => {
-            tracing::warn!(backend = %h.name, error = ?e, "backend refresh failed");
+            tracing::warn!(backend = %h.name, error = ?e, "backend health check failed");
             BackendState {
                 reachable: false,
                 last_error: Some(format!("{e:?}")),

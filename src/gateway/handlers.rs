@@ -20,7 +20,7 @@ pub fn server_metadata(gw: &Gateway) -> Response<Body> {
     status_json(
         StatusCode::OK,
         json!({
-            "name": gw.config.server.name,
+            "name": gw.config().server.name,
             "version": env!("CARGO_PKG_VERSION"),
             "extensions": GATEWAY_EXTENSIONS,
         }),

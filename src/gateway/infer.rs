@@ -1,5 +1,5 @@
-//! The forward path of one inference: validate → pick a backend → adapt the encoding →
-//! forward → adapt the response → reply.
+//! The forward path of one inference: decode → validate → pick a backend → adapt the
+//! encoding → forward (retrying a refused connection once) → adapt the response → reply.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,20 +10,20 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
-use super::classification;
+use super::classification::{self, Classification};
 use super::handlers::lookup;
 use super::respond::{adapt_request, client_response};
 use super::Gateway;
 use crate::body::Body;
+use crate::config::Config;
 use crate::error::GatewayError;
 use crate::fleet::backend::{error_message, BackendError, InferCall, Payload, Reply, WireBody};
 use crate::fleet::BackendHandle;
 use crate::protocol::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
     decode_request, decode_response, encode_request, expand_raw, validate_request, InferRequest,
-    RequestBody, HEADER_CONTENT_LENGTH,
+    Limits, RequestBody, HEADER_CONTENT_LENGTH,
 };
-use crate::routing;
 
 pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
@@ -48,112 +48,235 @@ impl Drop for Outstanding<'_> {
 
 /// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
 /// parameter (microseconds).
-fn deadline(gw: &Gateway, model: &str, req: &InferRequest) -> Instant {
-    let configured = gw
-        .config
+fn deadline(config: &Config, model: &str, req: &InferRequest) -> Instant {
+    let configured = config
         .model(model)
         .and_then(|m| m.timeout_ms)
         .map(Duration::from_millis)
-        .unwrap_or_else(|| gw.config.limits.request_timeout());
+        .unwrap_or_else(|| config.limits.request_timeout());
     let wanted = req.options.timeout_us.map(Duration::from_micros);
     Instant::now() + wanted.map_or(configured, |w| w.min(configured))
 }
 
+/// What one attempt on one backend needs to know.
+struct Attempt<'a> {
+    gw: &'a Gateway,
+    limits: &'a Limits,
+    model: &'a str,
+    version: Option<&'a str>,
+    req: &'a InferRequest,
+    body: &'a Bytes,
+    header_length: Option<&'a [u8]>,
+    deadline: Instant,
+    response_limit: usize,
+}
+
+/// How an attempt failed: `retryable` when nothing reached the backend.
+struct Failure {
+    error: GatewayError,
+    retryable: bool,
+}
+
+impl<E: Into<GatewayError>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Failure {
+            error: error.into(),
+            retryable: false,
+        }
+    }
+}
+
 pub async fn infer(
     gw: &Gateway,
+    config: &Config,
     model: &str,
     version: Option<&str>,
     parts: &Parts,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
     let entry = lookup(gw, model, version)?;
+    let limits = config.limits.protocol();
     let header_length = parts
         .headers
         .get(HEADER_CONTENT_LENGTH)
         .map(HeaderValue::as_bytes);
-    let req = match decode_request(&body, header_length, &gw.limits)? {
+    let req = match decode_request(&body, header_length, &limits)? {
         RequestBody::Message(r) => r,
-        RequestBody::Raw(data) => expand_raw(data, &entry.metadata, &gw.limits)?,
+        RequestBody::Raw(data) => expand_raw(data, &entry.metadata, &limits)?,
     };
     validate_request(&req, &entry.metadata)?;
-    let deadline = deadline(gw, model, &req);
-
-    let backend =
-        routing::pick(&entry.ready, model, req.options.sequence_id.as_ref()).ok_or_else(|| {
-            GatewayError::Unavailable(format!("no healthy backend serves model '{model}'"))
-        })?;
-    let caps = backend.capabilities();
-    let in_process = backend.backend.in_process();
-    let classifications = classification::plan(&req, &entry.metadata, &backend, &gw.labels)?;
-    // The client's own bytes go on unchanged when the backend handles everything they ask.
-    let passthrough =
-        !in_process && caps.binary && caps.exact_outputs && classifications.is_empty();
-    let payload = if in_process {
-        Payload::Decoded(req.clone())
-    } else if passthrough {
-        Payload::Wire(original_body(body, header_length))
-    } else {
-        Payload::Wire(
-            encode_request(&adapt_request(&req, caps, &classifications), caps.binary)?.into(),
-        )
-    };
-
-    let _outstanding = Outstanding::new(&backend);
-    let call = InferCall {
+    let attempt = Attempt {
+        gw,
+        limits: &limits,
         model,
         version,
-        payload,
-        headers: http::HeaderMap::new(),
+        req: &req,
+        body: &body,
+        header_length,
+        deadline: deadline(config, model, &req),
+        response_limit: config.limits.max_body_bytes.saturating_mul(4),
     };
-    let reply = tokio::time::timeout_at(deadline, backend.backend.infer(call))
-        .await
-        .map_err(|_| timeout_error(model))?
-        .map_err(|e| backend_error(&backend, e))?;
-
-    let mut response = match reply {
-        Reply::Decoded(resp) => client_response(&req, resp, &backend.name, &classifications)?,
-        Reply::Http {
-            status,
-            headers,
-            body,
-        } => {
-            if !status.is_success() {
-                let bytes = tokio::time::timeout_at(deadline, read_limited(body, MAX_ERROR_BODY))
-                    .await
-                    .map_err(|_| timeout_error(model))?
-                    .unwrap_or_default();
-                return Err(backend_status_error(&backend, status, &bytes));
+    let labels = gw.labels.load();
+    let mut refused: Option<String> = None;
+    loop {
+        let backend = gw
+            .router
+            .route(&entry, model, &req.options, refused.as_deref())?;
+        let classifications = classification::plan(&req, &entry.metadata, &backend, &labels)?;
+        match attempt.run(&backend, &classifications).await {
+            Ok(mut response) => {
+                if let Ok(v) = HeaderValue::from_str(&backend.name) {
+                    response.headers_mut().insert(BACKEND_HEADER, v);
+                }
+                return Ok(response);
             }
-            if passthrough {
-                pass_through(status, &headers, body)
-            } else {
-                let limit = gw.config.limits.max_body_bytes.saturating_mul(4);
-                let bytes = tokio::time::timeout_at(deadline, read_limited(body, limit))
-                    .await
-                    .map_err(|_| timeout_error(model))?
-                    .map_err(|e| {
-                        GatewayError::BadGateway(format!(
-                            "backend '{}': reading its response failed: {e}",
-                            backend.name
-                        ))
-                    })?;
+            // Only a request whose connection was refused before any byte was sent is
+            // retried, once, elsewhere: inference is not idempotent. Inside a sequence only
+            // a start may move; any other request's state is on the refusing backend.
+            Err(f)
+                if f.retryable
+                    && refused.is_none()
+                    && (req.options.sequence_id.is_none() || req.options.sequence_start) =>
+            {
+                tracing::info!(backend = %backend.name, error = %f.error, "connection refused; retrying on another backend");
+                refused = Some(backend.key.clone());
+            }
+            Err(f)
+                if f.retryable
+                    && req.options.sequence_id.is_some()
+                    && !req.options.sequence_start =>
+            {
+                let id = req.options.sequence_id.as_ref().expect("checked above");
+                gw.router.pins.remove(model, id);
+                return Err(GatewayError::Unavailable(format!(
+                    "the backend of sequence {} of model '{model}' ({}) is unavailable; the sequence's state is lost",
+                    crate::routing::describe_sequence(id),
+                    backend.key
+                )));
+            }
+            Err(f) => return Err(f.error),
+        }
+    }
+}
+
+impl Attempt<'_> {
+    async fn run(
+        &self,
+        backend: &BackendHandle,
+        classifications: &[Classification],
+    ) -> Result<Response<Body>, Failure> {
+        let caps = backend.capabilities();
+        let in_process = backend.backend.in_process();
+        // The client's own bytes go on unchanged when the backend handles all it asks.
+        let passthrough =
+            !in_process && caps.binary && caps.exact_outputs && classifications.is_empty();
+        let payload = if in_process {
+            Payload::Decoded(self.req.clone())
+        } else if passthrough {
+            Payload::Wire(original_body(self.body.clone(), self.header_length))
+        } else {
+            Payload::Wire(
+                encode_request(&adapt_request(self.req, caps, classifications), caps.binary)?
+                    .into(),
+            )
+        };
+        let _outstanding = Outstanding::new(backend);
+        let call = InferCall {
+            model: self.model,
+            version: self.version,
+            payload,
+            headers: http::HeaderMap::new(),
+        };
+        let reply = tokio::time::timeout_at(self.deadline, backend.backend.infer(call))
+            .await
+            .map_err(|_| self.timeout())?;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                let retryable = matches!(e, BackendError::Connect(_));
+                if matches!(e, BackendError::Connect(_) | BackendError::Failed(_)) {
+                    self.record_failure(backend);
+                }
+                return Err(Failure {
+                    error: backend_error(backend, e),
+                    retryable,
+                });
+            }
+        };
+        match reply {
+            Reply::Decoded(resp) => {
+                backend.health.record_success();
+                Ok(client_response(
+                    self.req,
+                    resp,
+                    &backend.name,
+                    classifications,
+                )?)
+            }
+            Reply::Http {
+                status,
+                headers,
+                body,
+            } => {
+                if status.is_server_error() {
+                    self.record_failure(backend);
+                } else {
+                    backend.health.record_success();
+                }
+                if !status.is_success() {
+                    let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
+                    return Err(backend_status_error(backend, status, &bytes).into());
+                }
+                if passthrough {
+                    return Ok(pass_through(status, &headers, body));
+                }
+                let bytes = self.read(body, self.response_limit).await?.map_err(|e| {
+                    GatewayError::BadGateway(format!(
+                        "backend '{}': reading its response failed: {e}",
+                        backend.name
+                    ))
+                })?;
                 let hl = headers
                     .get(HEADER_CONTENT_LENGTH)
                     .map(HeaderValue::as_bytes);
-                let resp = decode_response(&bytes, hl, &gw.limits).map_err(|e| {
+                let resp = decode_response(&bytes, hl, self.limits).map_err(|e| {
                     GatewayError::BadGateway(format!(
                         "backend '{}' sent an invalid response: {e}",
                         backend.name
                     ))
                 })?;
-                client_response(&req, resp, &backend.name, &classifications)?
+                Ok(client_response(
+                    self.req,
+                    resp,
+                    &backend.name,
+                    classifications,
+                )?)
             }
         }
-    };
-    if let Ok(v) = HeaderValue::from_str(&backend.name) {
-        response.headers_mut().insert(BACKEND_HEADER, v);
     }
-    Ok(response)
+
+    fn record_failure(&self, backend: &BackendHandle) {
+        if backend.health.record_failure(&self.gw.fleet.ejection) {
+            tracing::warn!(backend = %backend.name, "backend ejected after consecutive failures");
+        }
+    }
+
+    fn timeout(&self) -> GatewayError {
+        GatewayError::Timeout(format!("the request to model '{}' timed out", self.model))
+    }
+
+    /// Reads a body within the deadline.
+    async fn read(
+        &self,
+        body: hyper::body::Incoming,
+        limit: usize,
+    ) -> Result<Result<Bytes, String>, GatewayError> {
+        let read = Limited::new(body, limit).collect();
+        match tokio::time::timeout_at(self.deadline, read).await {
+            Ok(r) => Ok(r.map(|c| c.to_bytes()).map_err(|e| e.to_string())),
+            Err(_) => Err(self.timeout()),
+        }
+    }
 }
 
 fn original_body(body: Bytes, header_length: Option<&[u8]>) -> WireBody {
@@ -187,18 +310,6 @@ fn pass_through(
     }
     r.body(body.map_err(Into::into).boxed_unsync())
         .expect("valid response parts")
-}
-
-async fn read_limited(body: hyper::body::Incoming, limit: usize) -> Result<Bytes, String> {
-    Limited::new(body, limit)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| e.to_string())
-}
-
-fn timeout_error(model: &str) -> GatewayError {
-    GatewayError::Timeout(format!("the request to model '{model}' timed out"))
 }
 
 fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {

@@ -9,7 +9,9 @@ pub mod routes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -19,14 +21,17 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
+use crate::routing::Router;
 use routes::{Route, RouteError};
 
+pub use infer::BACKEND_HEADER;
+
 pub struct Gateway {
-    pub config: Arc<Config>,
+    config: ArcSwap<Config>,
+    labels: ArcSwap<labels::Labels>,
     pub fleet: Arc<Fleet>,
-    pub limits: crate::protocol::Limits,
+    pub router: Router,
     pub metrics: Arc<Metrics>,
-    pub labels: labels::Labels,
     draining: AtomicBool,
 }
 
@@ -38,13 +43,30 @@ impl Gateway {
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
         Ok(Gateway {
-            limits: config.limits.protocol(),
-            labels: labels::Labels::load(&config)?,
-            config,
+            labels: ArcSwap::from_pointee(labels::Labels::load(&config)?),
+            router: Router::new(
+                config.fleet.max_sequences,
+                Duration::from_millis(config.fleet.sequence_idle_timeout_ms),
+            ),
+            config: ArcSwap::new(config),
             fleet,
             metrics,
             draining: AtomicBool::new(false),
         })
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Applies a new config: backends (with DNS resolved again), model settings and labels.
+    /// Requests in flight finish on the backends they hold.
+    pub async fn reload(&self, config: Config) -> Result<(), String> {
+        let labels = labels::Labels::load(&config)?;
+        self.fleet.reconcile(&config).await?;
+        self.labels.store(Arc::new(labels));
+        self.config.store(Arc::new(config));
+        Ok(())
     }
 
     /// From now on readiness reports 503, so load balancers stop sending new requests.
@@ -103,9 +125,10 @@ impl Gateway {
             }
             Route::Infer { model, version } => {
                 check_content_encoding(&req)?;
+                let config = self.config();
                 let (parts, body) = req.into_parts();
-                let body = read_body(body, self.config.limits.max_body_bytes).await?;
-                infer::infer(self, &model, version.as_deref(), &parts, body).await
+                let body = read_body(body, config.limits.max_body_bytes).await?;
+                infer::infer(self, &config, &model, version.as_deref(), &parts, body).await
             }
         }
     }

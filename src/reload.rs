@@ -1,0 +1,84 @@
+//! Reloading the config on SIGHUP and when its file changes. The file is polled (by
+//! modification time and content), which also works for Kubernetes ConfigMap volumes,
+//! where the file is swapped through a symlink.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+
+/// How often the config file is checked for changes.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Builds the config again (the file plus command-line overrides).
+pub type Loader = Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
+
+async fn apply(gateway: &Gateway, load: &Loader, why: &str) {
+    match load() {
+        Ok(config) => match gateway.reload(config).await {
+            Ok(()) => {
+                gateway
+                    .metrics
+                    .config_reloads
+                    .with_label_values(&["success"])
+                    .inc();
+                tracing::info!(trigger = why, "config reloaded");
+            }
+            Err(e) => {
+                gateway
+                    .metrics
+                    .config_reloads
+                    .with_label_values(&["failure"])
+                    .inc();
+                tracing::error!(trigger = why, error = %e, "config reload failed; keeping the old config");
+            }
+        },
+        Err(e) => {
+            gateway
+                .metrics
+                .config_reloads
+                .with_label_values(&["failure"])
+                .inc();
+            tracing::error!(trigger = why, error = %e, "config reload failed; keeping the old config");
+        }
+    }
+}
+
+fn fingerprint(path: &PathBuf) -> Option<(std::time::SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    let text = std::fs::read(path).ok()?;
+    Some((meta.modified().ok()?, xxhash_rust::xxh3::xxh3_64(&text)))
+}
+
+/// Reloads on SIGHUP, and on changes to `watch` when given. Runs until the task is aborted.
+pub async fn run(gateway: Arc<Gateway>, load: Loader, watch: Option<PathBuf>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP; reloads are disabled");
+            return;
+        }
+    };
+    let mut last = watch.as_ref().and_then(fingerprint);
+    let mut tick = tokio::time::interval(POLL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                apply(&gateway, &load, "SIGHUP").await;
+                last = watch.as_ref().and_then(fingerprint);
+            }
+            _ = tick.tick(), if watch.is_some() => {
+                let now = watch.as_ref().and_then(fingerprint);
+                // Compare content too: a rewrite within the clock's resolution keeps the mtime.
+                if now.is_some() && now.map(|f| f.1) != last.map(|f| f.1) {
+                    last = now;
+                    apply(&gateway, &load, "file change").await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The pin table: each live sequence's backend, from its first request until `sequence_end`
+//! or an idle timeout, so that live sequences never move when the fleet changes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use crate::protocol::SequenceId;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PinKey {
+    model: String,
+    id: SequenceId,
+}
+
+struct Pin {
+    backend: String,
+    last_seen: Instant,
+}
+
+pub struct PinTable {
+    pins: DashMap<PinKey, Pin>,
+    cap: usize,
+    idle: Duration,
+    epoch: Instant,
+    last_sweep_ms: AtomicU64,
+}
+
+impl PinTable {
+    pub fn new(cap: usize, idle: Duration) -> Self {
+        PinTable {
+            pins: DashMap::new(),
+            cap,
+            idle,
+            epoch: Instant::now(),
+            last_sweep_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pins.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pins.is_empty()
+    }
+
+    /// The backend key a live sequence is pinned to; touching it keeps it alive.
+    pub fn get(&self, model: &str, id: &SequenceId) -> Option<String> {
+        let key = PinKey {
+            model: model.to_string(),
+            id: id.clone(),
+        };
+        let now = Instant::now();
+        let mut pin = self.pins.get_mut(&key)?;
+        if now.duration_since(pin.last_seen) >= self.idle {
+            drop(pin);
+            self.pins
+                .remove_if(&key, |_, p| now.duration_since(p.last_seen) >= self.idle);
+            return None;
+        }
+        pin.last_seen = now;
+        Some(pin.backend.clone())
+    }
+
+    /// Pins a sequence. Returns false when the table is full even after dropping idle pins;
+    /// the sequence is then routed by the hash alone.
+    pub fn insert(&self, model: &str, id: &SequenceId, backend: &str) -> bool {
+        let key = PinKey {
+            model: model.to_string(),
+            id: id.clone(),
+        };
+        if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
+            self.sweep_now();
+            if self.pins.len() >= self.cap {
+                return false;
+            }
+        }
+        self.pins.insert(
+            key,
+            Pin {
+                backend: backend.to_string(),
+                last_seen: Instant::now(),
+            },
+        );
+        self.maybe_sweep();
+        true
+    }
+
+    pub fn remove(&self, model: &str, id: &SequenceId) {
+        self.pins.remove(&PinKey {
+            model: model.to_string(),
+            id: id.clone(),
+        });
+    }
+
+    /// Drops idle pins now.
+    pub fn sweep_now(&self) {
+        let now = Instant::now();
+        self.pins
+            .retain(|_, p| now.duration_since(p.last_seen) < self.idle);
+        self.last_sweep_ms.store(
+            now.duration_since(self.epoch).as_millis() as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Sweeps at most once per quarter of the idle timeout, from whichever request comes by.
+    fn maybe_sweep(&self) {
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        let last = self.last_sweep_ms.load(Ordering::Relaxed);
+        let every = (self.idle.as_millis() as u64 / 4).max(1);
+        if now_ms.saturating_sub(last) >= every
+            && self
+                .last_sweep_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sweep_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_live_until_removed() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let id = SequenceId::Uint(5);
+        assert_eq!(t.get("m", &id), None);
+        assert!(t.insert("m", &id, "b1"));
+        assert_eq!(t.get("m", &id).as_deref(), Some("b1"));
+        assert_eq!(t.get("other", &id), None);
+        t.remove("m", &id);
+        assert_eq!(t.get("m", &id), None);
+    }
+
+    #[test]
+    fn the_cap_holds_and_idle_pins_make_room() {
+        let t = PinTable::new(2, Duration::from_millis(30));
+        assert!(t.insert("m", &SequenceId::Uint(1), "a"));
+        assert!(t.insert("m", &SequenceId::String("x".into()), "a"));
+        assert!(!t.insert("m", &SequenceId::Uint(3), "a"));
+        assert_eq!(t.len(), 2);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(t.get("m", &SequenceId::Uint(1)), None);
+        assert!(t.insert("m", &SequenceId::Uint(3), "a"));
+        assert_eq!(t.len(), 1);
+    }
+}
