@@ -106,7 +106,7 @@ pub async fn start_with_resolver(
     if let Some(l) = metrics_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
-            server::metrics_service(metrics),
+            server::metrics_service(gateway.clone()),
             wait(stopped),
             Duration::from_secs(1),
         )));

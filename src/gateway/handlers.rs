@@ -14,6 +14,7 @@ pub const GATEWAY_EXTENSIONS: &[&str] = &[
     extensions::BINARY_TENSOR_DATA,
     extensions::CLASSIFICATION,
     extensions::SEQUENCE,
+    extensions::STATISTICS,
 ];
 
 pub fn server_metadata(gw: &Gateway) -> Response<Body> {
@@ -126,4 +127,30 @@ pub fn repository_index(gw: &Gateway) -> Response<Body> {
         })
         .collect();
     status_json(StatusCode::OK, serde_json::Value::Array(list))
+}
+
+/// The statistics extension, from the gateway's point of view (see `observe::Stats`).
+pub fn stats(
+    gw: &Gateway,
+    model: Option<&str>,
+    version: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    if let Some(m) = model {
+        lookup(gw, m, version)?;
+    }
+    let catalog = gw.fleet.catalog();
+    let known: Vec<(String, String)> = catalog
+        .models
+        .iter()
+        .map(|(name, e)| {
+            (
+                name.clone(),
+                e.metadata.versions.first().cloned().unwrap_or_default(),
+            )
+        })
+        .collect();
+    Ok(status_json(
+        StatusCode::OK,
+        gw.stats.json(model, version, &known),
+    ))
 }

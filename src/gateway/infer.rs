@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::classification::{self, Classification};
 use super::handlers::lookup;
+use super::observe::{traceparent, Observation, Phase};
 use super::respond::{adapt_request, client_response};
 use super::Gateway;
 use crate::body::Body;
@@ -69,6 +70,11 @@ struct Attempt<'a> {
     header_length: Option<&'a [u8]>,
     deadline: Instant,
     response_limit: usize,
+    /// Trace context and request id for the backend.
+    headers: http::HeaderMap,
+    /// Input tensor bytes that arrived in JSON and in binary form, for transcoding counts.
+    json_in: u64,
+    binary_in: u64,
 }
 
 /// How an attempt failed: `retryable` when nothing reached the backend.
@@ -93,18 +99,53 @@ pub async fn infer(
     version: Option<&str>,
     parts: &Parts,
     body: Bytes,
+    obs: &mut Observation,
 ) -> Result<Response<Body>, GatewayError> {
+    let queued = Phase::start();
     let entry = lookup(gw, model, version)?;
+    let label_version = version
+        .map(str::to_string)
+        .or_else(|| entry.metadata.versions.first().cloned())
+        .unwrap_or_default();
+    let pending = gw
+        .metrics
+        .nv_pending
+        .with_label_values(&[model, &label_version]);
+    let _pending = super::Raised::new(pending);
+    obs.model = Some(model.to_string());
+    obs.version = Some(label_version);
+    let decoding = Phase::start();
     let limits = config.limits.protocol();
     let header_length = parts
         .headers
         .get(HEADER_CONTENT_LENGTH)
         .map(HeaderValue::as_bytes);
-    let req = match decode_request(&body, header_length, &limits)? {
-        RequestBody::Message(r) => r,
-        RequestBody::Raw(data) => expand_raw(data, &entry.metadata, &limits)?,
+    let (req, binary_in) = match decode_request(&body, header_length, &limits)? {
+        RequestBody::Message(r) => {
+            let json_len =
+                header_length.and_then(|h| std::str::from_utf8(h).ok()?.trim().parse::<u64>().ok());
+            let binary = json_len.map_or(0, |n| body.len() as u64 - n);
+            (r, binary)
+        }
+        RequestBody::Raw(data) => (
+            expand_raw(data, &entry.metadata, &limits)?,
+            body.len() as u64,
+        ),
     };
     validate_request(&req, &entry.metadata)?;
+    obs.sequence = req
+        .options
+        .sequence_id
+        .as_ref()
+        .map(crate::routing::describe_sequence);
+    obs.batch = batch_size(&req, &entry.metadata);
+    let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("traceparent", traceparent(parts.headers.get("traceparent")));
+    if let Some(id) = parts.headers.get(super::REQUEST_ID) {
+        headers.insert(super::REQUEST_ID, id.clone());
+    }
+    decoding.end(&mut obs.compute_input);
     let attempt = Attempt {
         gw,
         limits: &limits,
@@ -115,15 +156,21 @@ pub async fn infer(
         header_length,
         deadline: deadline(config, model, &req),
         response_limit: config.limits.max_body_bytes.saturating_mul(4),
+        headers,
+        json_in: total_in.saturating_sub(binary_in),
+        binary_in,
     };
+    queued.end(&mut obs.queue);
+    obs.queue = obs.queue.saturating_sub(obs.compute_input);
     let labels = gw.labels.load();
     let mut refused: Option<String> = None;
     loop {
         let backend = gw
             .router
             .route(&entry, model, &req.options, refused.as_deref())?;
+        obs.backend = Some(backend.name.clone());
         let classifications = classification::plan(&req, &entry.metadata, &backend, &labels)?;
-        match attempt.run(&backend, &classifications).await {
+        match attempt.run(&backend, &classifications, obs).await {
             Ok(mut response) => {
                 if let Ok(v) = HeaderValue::from_str(&backend.name) {
                     response.headers_mut().insert(BACKEND_HEADER, v);
@@ -140,6 +187,7 @@ pub async fn infer(
             {
                 tracing::info!(backend = %backend.name, error = %f.error, "connection refused; retrying on another backend");
                 refused = Some(backend.key.clone());
+                obs.retried_from = Some(backend.name.clone());
             }
             Err(f)
                 if f.retryable
@@ -164,32 +212,43 @@ impl Attempt<'_> {
         &self,
         backend: &BackendHandle,
         classifications: &[Classification],
+        obs: &mut Observation,
     ) -> Result<Response<Body>, Failure> {
         let caps = backend.capabilities();
         let in_process = backend.backend.in_process();
         // The client's own bytes go on unchanged when the backend handles all it asks.
         let passthrough =
             !in_process && caps.binary && caps.exact_outputs && classifications.is_empty();
+        let encoding = Phase::start();
         let payload = if in_process {
+            obs.json_to_binary += self.json_in;
             Payload::Decoded(self.req.clone())
         } else if passthrough {
             Payload::Wire(original_body(self.body.clone(), self.header_length))
         } else {
+            if caps.binary {
+                obs.json_to_binary += self.json_in;
+            } else {
+                obs.binary_to_json += self.binary_in;
+            }
             Payload::Wire(
                 encode_request(&adapt_request(self.req, caps, classifications), caps.binary)?
                     .into(),
             )
         };
+        encoding.end(&mut obs.compute_input);
         let _outstanding = Outstanding::new(backend);
         let call = InferCall {
             model: self.model,
             version: self.version,
             payload,
-            headers: http::HeaderMap::new(),
+            headers: self.headers.clone(),
         };
-        let reply = tokio::time::timeout_at(self.deadline, backend.backend.infer(call))
-            .await
-            .map_err(|_| self.timeout())?;
+        obs.backend_calls += 1;
+        let inferring = Phase::start();
+        let reply = tokio::time::timeout_at(self.deadline, backend.backend.infer(call)).await;
+        inferring.end(&mut obs.compute_infer);
+        let reply = reply.map_err(|_| self.timeout())?;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
@@ -206,12 +265,10 @@ impl Attempt<'_> {
         match reply {
             Reply::Decoded(resp) => {
                 backend.health.record_success();
-                Ok(client_response(
-                    self.req,
-                    resp,
-                    &backend.name,
-                    classifications,
-                )?)
+                let output = Phase::start();
+                let r = client_response(self.req, resp, &backend.name, classifications, true, obs)?;
+                output.end(&mut obs.compute_output);
+                Ok(r)
             }
             Reply::Http {
                 status,
@@ -230,12 +287,16 @@ impl Attempt<'_> {
                 if passthrough {
                     return Ok(pass_through(status, &headers, body));
                 }
-                let bytes = self.read(body, self.response_limit).await?.map_err(|e| {
+                let inferring = Phase::start();
+                let bytes = self.read(body, self.response_limit).await;
+                inferring.end(&mut obs.compute_infer);
+                let bytes = bytes?.map_err(|e| {
                     GatewayError::BadGateway(format!(
                         "backend '{}': reading its response failed: {e}",
                         backend.name
                     ))
                 })?;
+                let output = Phase::start();
                 let hl = headers
                     .get(HEADER_CONTENT_LENGTH)
                     .map(HeaderValue::as_bytes);
@@ -245,12 +306,16 @@ impl Attempt<'_> {
                         backend.name
                     ))
                 })?;
-                Ok(client_response(
+                let r = client_response(
                     self.req,
                     resp,
                     &backend.name,
                     classifications,
-                )?)
+                    hl.is_some(),
+                    obs,
+                )?;
+                output.end(&mut obs.compute_output);
+                Ok(r)
             }
         }
     }
@@ -334,4 +399,16 @@ fn backend_status_error(backend: &BackendHandle, status: StatusCode, body: &Byte
             message: format!("backend '{}': {message}", backend.name),
         }
     }
+}
+
+/// Inferences in a request: the first input's first dimension when the model's shape starts
+/// with a batch dimension (-1, rank two or more), else one.
+fn batch_size(req: &InferRequest, model: &crate::protocol::ModelMetadata) -> u64 {
+    req.inputs
+        .first()
+        .and_then(|t| {
+            let meta = model.input(&t.name)?;
+            (meta.shape.len() >= 2 && meta.shape[0] == -1).then(|| t.shape.first().copied())?
+        })
+        .unwrap_or(1)
 }

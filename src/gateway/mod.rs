@@ -4,12 +4,13 @@ mod classification;
 mod handlers;
 mod infer;
 pub mod labels;
+pub mod observe;
 mod respond;
 pub mod routes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -26,13 +27,33 @@ use routes::{Route, RouteError};
 
 pub use infer::BACKEND_HEADER;
 
+/// Echoed to the client and passed to backends, for correlating logs.
+pub const REQUEST_ID: &str = "x-request-id";
+
 pub struct Gateway {
     config: ArcSwap<Config>,
     labels: ArcSwap<labels::Labels>,
     pub fleet: Arc<Fleet>,
     pub router: Router,
     pub metrics: Arc<Metrics>,
+    pub stats: observe::Stats,
     draining: AtomicBool,
+}
+
+/// Keeps a gauge raised while a request is handled, even if the client goes away.
+struct Raised(prometheus::IntGauge);
+
+impl Raised {
+    fn new(g: prometheus::IntGauge) -> Self {
+        g.inc();
+        Raised(g)
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Gateway {
@@ -51,6 +72,7 @@ impl Gateway {
             config: ArcSwap::new(config),
             fleet,
             metrics,
+            stats: observe::Stats::default(),
             draining: AtomicBool::new(false),
         })
     }
@@ -69,6 +91,30 @@ impl Gateway {
         Ok(())
     }
 
+    /// Sets the gauges that describe state rather than events, just before a scrape.
+    pub fn update_gauges(&self) {
+        self.metrics
+            .sequence_pins
+            .set(self.router.pins.len() as i64);
+        for h in self.fleet.backends().iter() {
+            let healthy = h.state.load().reachable;
+            self.metrics
+                .backend_healthy
+                .with_label_values(&[&h.name])
+                .set(healthy as i64);
+            self.metrics
+                .backend_ejected
+                .with_label_values(&[&h.name])
+                .set(h.health.is_ejected() as i64);
+            let total = h
+                .health
+                .ejections
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let counter = self.metrics.ejections.with_label_values(&[&h.name]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+
     /// From now on readiness reports 503, so load balancers stop sending new requests.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
@@ -83,7 +129,14 @@ impl Gateway {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        match self.dispatch(req).await {
+        let start = Instant::now();
+        let _in_flight = Raised::new(self.metrics.in_flight.clone());
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let request_id = req.headers().get(REQUEST_ID).cloned();
+        let mut obs = observe::Observation::default();
+        let is_infer = path.ends_with("/infer");
+        let mut response = match self.dispatch(req, &mut obs).await {
             Ok(r) => r,
             Err(e) => {
                 let mut r = error_response(&e);
@@ -94,10 +147,42 @@ impl Gateway {
                 }
                 r
             }
+        };
+        if let Some(id) = request_id {
+            response.headers_mut().insert(REQUEST_ID, id);
         }
+        let status = response.status();
+        let elapsed = start.elapsed();
+        let bytes_out = http_body::Body::size_hint(response.body())
+            .exact()
+            .unwrap_or(0);
+        self.metrics
+            .requests
+            .with_label_values(&[status.as_str()])
+            .inc();
+        if is_infer {
+            observe::record_infer(&self.metrics, &self.stats, &obs, status, elapsed, bytes_out);
+        }
+        tracing::info!(
+            target: "tensorgate::access",
+            method = %method,
+            path = %path,
+            model = obs.model.as_deref().unwrap_or("-"),
+            status = status.as_u16(),
+            backend = obs.backend.as_deref().unwrap_or("-"),
+            bytes_in = obs.bytes_in,
+            bytes_out,
+            duration_us = elapsed.as_micros() as u64,
+            sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+        );
+        response
     }
 
-    async fn dispatch<B>(&self, req: Request<B>) -> Result<Response<Body>, GatewayError>
+    async fn dispatch<B>(
+        &self,
+        req: Request<B>,
+        obs: &mut observe::Observation,
+    ) -> Result<Response<Body>, GatewayError>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -117,6 +202,9 @@ impl Gateway {
             Route::Live => Ok(handlers::live()),
             Route::Ready => handlers::ready(self),
             Route::RepositoryIndex => Ok(handlers::repository_index(self)),
+            Route::Stats { model, version } => {
+                handlers::stats(self, model.as_deref(), version.as_deref())
+            }
             Route::ModelMetadata { model, version } => {
                 handlers::model_metadata(self, &model, version.as_deref())
             }
@@ -128,7 +216,8 @@ impl Gateway {
                 let config = self.config();
                 let (parts, body) = req.into_parts();
                 let body = read_body(body, config.limits.max_body_bytes).await?;
-                infer::infer(self, &config, &model, version.as_deref(), &parts, body).await
+                obs.bytes_in = body.len() as u64;
+                infer::infer(self, &config, &model, version.as_deref(), &parts, body, obs).await
             }
         }
     }

@@ -4,6 +4,7 @@
 use http::Response;
 
 use super::classification::{self, Classification};
+use super::observe::Observation;
 use crate::body::{encoded_response, Body};
 use crate::error::GatewayError;
 use crate::fleet::Capabilities;
@@ -80,9 +81,20 @@ pub fn client_response(
     mut resp: InferResponse,
     backend: &str,
     classifications: &[Classification],
+    from_binary: bool,
+    obs: &mut Observation,
 ) -> Result<Response<Body>, GatewayError> {
     resp.outputs = select_outputs(req, std::mem::take(&mut resp.outputs), backend)?;
     classification::apply(classifications, &mut resp.outputs)?;
+    obs.classified += classifications.len() as u64;
+    // `from_binary`: the backend's outputs were binary; decides what counts as transcoded.
+    for o in &resp.outputs {
+        match (from_binary, req.wants_binary(&o.name)) {
+            (true, false) => obs.binary_to_json += o.data.len() as u64,
+            (false, true) => obs.json_to_binary += o.data.len() as u64,
+            _ => {}
+        }
+    }
     resp.id = req.id.clone().filter(|id| !id.is_empty());
     let binary: Vec<bool> = resp
         .outputs

@@ -20,6 +20,10 @@ pub enum Route {
         version: Option<String>,
     },
     RepositoryIndex,
+    Stats {
+        model: Option<String>,
+        version: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +42,14 @@ pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
         ["v2", "health", "live"] => (Route::Live, Method::GET),
         ["v2", "health", "ready"] => (Route::Ready, Method::GET),
         ["v2", "repository", "index"] => (Route::RepositoryIndex, Method::POST),
+        // As in Triton, "stats" right after /v2/models is the statistics extension.
+        ["v2", "models", "stats"] => (
+            Route::Stats {
+                model: None,
+                version: None,
+            },
+            Method::GET,
+        ),
         ["v2", "models", rest @ ..] => model_route(rest).ok_or(RouteError::NotFound)?,
         _ => return Err(RouteError::NotFound),
     };
@@ -61,6 +73,13 @@ fn model_route(rest: &[&str]) -> Option<(Route, Method)> {
         [] => (Route::ModelMetadata { model, version }, Method::GET),
         ["ready"] => (Route::ModelReady { model, version }, Method::GET),
         ["infer"] => (Route::Infer { model, version }, Method::POST),
+        ["stats"] => (
+            Route::Stats {
+                model: Some(model),
+                version,
+            },
+            Method::GET,
+        ),
         _ => return None,
     })
 }
@@ -71,6 +90,20 @@ mod tests {
 
     #[test]
     fn routes() {
+        assert_eq!(
+            route(&Method::GET, "/v2/models/stats"),
+            Ok(Route::Stats {
+                model: None,
+                version: None
+            })
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/m/versions/2/stats"),
+            Ok(Route::Stats {
+                model: Some("m".into()),
+                version: Some("2".into())
+            })
+        );
         assert_eq!(route(&Method::GET, "/v2"), Ok(Route::ServerMetadata));
         assert_eq!(route(&Method::GET, "/v2/health/ready/"), Ok(Route::Ready));
         assert_eq!(

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -24,7 +24,6 @@ use tower_http::decompression::RequestDecompressionLayer;
 use crate::body::{error_response, full, Body, BoxError};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::metrics::Metrics;
 
 /// The innermost service: hands each request to the gateway.
 #[derive(Clone)]
@@ -45,14 +44,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let gw = self.0.clone();
-        Box::pin(async move {
-            let resp = gw.clone().handle(req).await;
-            gw.metrics
-                .requests
-                .with_label_values(&[resp.status().as_str()])
-                .inc();
-            Ok(resp)
-        })
+        Box::pin(async move { Ok(gw.handle(req).await) })
     }
 }
 
@@ -144,7 +136,7 @@ pub fn gateway_service(
 
 /// The metrics listener's service: `GET /metrics`.
 pub fn metrics_service(
-    metrics: Arc<Metrics>,
+    gw: Arc<Gateway>,
 ) -> impl tower::Service<
     Request<Incoming>,
     Response = Response<Body>,
@@ -155,9 +147,11 @@ pub fn metrics_service(
        + Sync
        + 'static {
     tower::service_fn(move |req: Request<Incoming>| {
-        let metrics = metrics.clone();
+        let gw = gw.clone();
         async move {
             let resp = if req.uri().path() == "/metrics" {
+                gw.update_gauges();
+                let metrics = &gw.metrics;
                 Response::builder()
                     .header(
                         http::header::CONTENT_TYPE,
@@ -171,7 +165,7 @@ pub fn metrics_service(
                     req.uri().path()
                 )))
             };
-            let _ = StatusCode::OK;
+
             Ok::<_, Infallible>(resp)
         }
     })
