@@ -1,7 +1,7 @@
 //! The catalog: for each model, its metadata (for validation) and the backends that have it
 //! ready. Rebuilt after every refresh and read lock-free by every request.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::BackendHandle;
@@ -44,20 +44,23 @@ impl Catalog {
                 }
             }
         }
-        for (name, e) in models.iter_mut() {
-            let members: Vec<(&str, u32)> =
-                e.ready.iter().map(|h| (h.key.as_str(), h.weight)).collect();
-            let same = previous.models.get(name).is_some_and(|p| {
-                p.ready.len() == e.ready.len()
-                    && p.ready
-                        .iter()
-                        .zip(&e.ready)
-                        .all(|(a, b)| a.key == b.key && a.weight == b.weight)
-            });
-            e.maglev = match previous.models.get(name) {
-                Some(p) if same => p.maglev.clone(),
-                _ => Arc::new(Maglev::new(&members)),
-            };
+        // Models served by the same backends share one table.
+        let mut built: HashMap<Vec<(String, u32)>, Arc<Maglev>> = HashMap::new();
+        for prev in previous.models.values() {
+            built
+                .entry(signature(&prev.ready))
+                .or_insert_with(|| prev.maglev.clone());
+        }
+        for e in models.values_mut() {
+            let sig = signature(&e.ready);
+            e.maglev = built
+                .entry(sig)
+                .or_insert_with_key(|sig| {
+                    let members: Vec<(&str, u32)> =
+                        sig.iter().map(|(k, w)| (k.as_str(), *w)).collect();
+                    Arc::new(Maglev::new(&members))
+                })
+                .clone();
         }
         Catalog { models }
     }
@@ -70,4 +73,9 @@ impl Catalog {
     pub fn any_ready(&self) -> bool {
         self.models.values().any(|e| !e.ready.is_empty())
     }
+}
+
+/// The membership a table is built from: the key and weight of each ready backend, in order.
+fn signature(ready: &[Arc<BackendHandle>]) -> Vec<(String, u32)> {
+    ready.iter().map(|h| (h.key.clone(), h.weight)).collect()
 }

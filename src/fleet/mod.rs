@@ -242,8 +242,11 @@ impl Fleet {
         let rounds = backends.iter().map(|h| refresh_backend(h, &hint));
         futures_util::future::join_all(rounds).await;
         let previous = self.catalog.load_full();
-        self.catalog
-            .store(Arc::new(Catalog::build(&backends, &previous)));
+        // Building hash tables takes milliseconds; keep it off the async workers.
+        let catalog = tokio::task::spawn_blocking(move || Catalog::build(&backends, &previous))
+            .await
+            .expect("building the catalog does not panic");
+        self.catalog.store(Arc::new(catalog));
         self.refreshed_once.store(true, Ordering::Release);
     }
 

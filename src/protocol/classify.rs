@@ -29,17 +29,19 @@ pub fn unsupported(output: &str, dt: DataType) -> ProtocolError {
     ))
 }
 
+/// NaN is the one value not comparable with itself.
+#[inline]
+fn is_nan<T: PartialOrd>(v: &T) -> bool {
+    v.partial_cmp(v).is_none()
+}
+
 /// Orders (value, index) pairs best first: larger value, then lower index. NaN ranks last.
 #[inline]
 fn better<T: PartialOrd>(a: &(T, usize), b: &(T, usize)) -> Ordering {
     match b.0.partial_cmp(&a.0) {
         Some(Ordering::Equal) => a.1.cmp(&b.1),
         Some(o) => o,
-        None => {
-            #[allow(clippy::eq_op)]
-            let (a_nan, b_nan) = (a.0 != a.0, b.0 != b.0);
-            a_nan.cmp(&b_nan).then(a.1.cmp(&b.1))
-        }
+        None => is_nan(&a.0).cmp(&is_nan(&b.0)).then(a.1.cmp(&b.1)),
     }
 }
 
@@ -62,9 +64,7 @@ pub fn top_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<usize> {
     for (i, &v) in values.iter().enumerate() {
         if best.len() == k {
             let worst = best[k - 1].0;
-            #[allow(clippy::eq_op)]
-            let worst_is_nan = worst != worst;
-            if !(v > worst || (worst_is_nan && v == v)) {
+            if !(v > worst || (is_nan(&worst) && !is_nan(&v))) {
                 continue;
             }
         }
@@ -129,7 +129,7 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
     let count = t.element_count() as usize;
     let (rows, per_row) = if batched && !t.shape.is_empty() {
         let b = t.shape[0] as usize;
-        (b, if b == 0 { 0 } else { count / b })
+        (b, count.checked_div(b).unwrap_or(0))
     } else {
         (1, count)
     };
