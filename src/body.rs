@@ -82,6 +82,9 @@ pub fn error_response(e: &GatewayError) -> Response<Body> {
     if e.status() == StatusCode::SERVICE_UNAVAILABLE {
         r = r.header(header::RETRY_AFTER, "1");
     }
+    if e.status() == StatusCode::UNAUTHORIZED {
+        r = r.header(header::WWW_AUTHENTICATE, "Bearer");
+    }
     r.body(full(e.body())).expect("valid response parts")
 }
 

@@ -13,6 +13,10 @@ pub enum GatewayError {
     BadRequest(String),
     NotFound(String),
     MethodNotAllowed(String),
+    /// A missing or wrong bearer token: 401.
+    Unauthorized(String),
+    /// The client sent its body too slowly: 408.
+    RequestTimeout(String),
     PayloadTooLarge(String),
     /// An unsupported `Content-Encoding`: 501, as Triton answers.
     NotImplemented(String),
@@ -39,6 +43,8 @@ impl GatewayError {
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -55,6 +61,8 @@ impl GatewayError {
             GatewayError::BadRequest(m)
             | GatewayError::NotFound(m)
             | GatewayError::MethodNotAllowed(m)
+            | GatewayError::Unauthorized(m)
+            | GatewayError::RequestTimeout(m)
             | GatewayError::PayloadTooLarge(m)
             | GatewayError::NotImplemented(m)
             | GatewayError::Unavailable(m)

@@ -13,3 +13,4 @@ pub mod reload;
 pub mod routing;
 pub mod run;
 pub mod server;
+pub mod tls;

@@ -99,6 +99,7 @@ async fn run(
             running.gateway.clone(),
             load,
             watch,
+            running.tls.clone(),
         ))
     });
     wait_for_signal().await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
+use crate::tls::ReloadableTls;
 
 /// How often the config file is checked for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -52,8 +53,26 @@ fn fingerprint(path: &PathBuf) -> Option<(std::time::SystemTime, u64)> {
     Some((meta.modified().ok()?, xxhash_rust::xxh3::xxh3_64(&text)))
 }
 
-/// Reloads on SIGHUP, and on changes to `watch` when given. Runs until the task is aborted.
-pub async fn run(gateway: Arc<Gateway>, load: Loader, watch: Option<PathBuf>) {
+fn reload_tls(tls: &ReloadableTls, result: Option<Result<(), String>>, why: &str) {
+    match result {
+        Some(Ok(())) => {
+            tracing::info!(trigger = why, files = ?tls.files(), "TLS certificates reloaded")
+        }
+        Some(Err(e)) => {
+            tracing::error!(trigger = why, error = %e, "TLS reload failed; keeping the old certificates")
+        }
+        None => {}
+    }
+}
+
+/// Reloads the config on SIGHUP and on changes to `watch` when given, and the listener's
+/// certificates (if any) on SIGHUP and when their files change. Runs until aborted.
+pub async fn run(
+    gateway: Arc<Gateway>,
+    load: Loader,
+    watch: Option<PathBuf>,
+    tls: Option<Arc<ReloadableTls>>,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(s) => s,
@@ -67,11 +86,20 @@ pub async fn run(gateway: Arc<Gateway>, load: Loader, watch: Option<PathBuf>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = hup.recv() => {
+                        _ = hup.recv() => {
                 apply(&gateway, &load, "SIGHUP").await;
                 last = watch.as_ref().and_then(fingerprint);
+                if let Some(t) = &tls {
+                    reload_tls(t, Some(t.reload()), "SIGHUP");
+                }
             }
-            _ = tick.tick(), if watch.is_some() => {
+            _ = tick.tick(), if watch.is_some() || tls.is_some() => {
+                if let Some(t) = &tls {
+                    reload_tls(t, t.reload_if_changed(), "file change");
+                }
+                if watch.is_none() {
+                    continue;
+                }
                 let now = watch.as_ref().and_then(fingerprint);
                 // Compare content too: a rewrite within the clock's resolution keeps the mtime.
                 if now.is_some() && now.map(|f| f.1) != last.map(|f| f.1) {

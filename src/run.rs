@@ -13,15 +13,15 @@ use crate::fleet::discovery::{Resolve, SystemResolver};
 use crate::fleet::{http::new_client, Fleet};
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
-use crate::server;
-
-/// How long in-flight requests may take to finish after shutdown begins.
-pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+use crate::server::{self, ServeOptions};
+use crate::tls::ReloadableTls;
 
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
+    /// The listener's TLS, when configured; reloaded on SIGHUP and file changes.
+    pub tls: Option<Arc<ReloadableTls>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     refresher: JoinHandle<()>,
@@ -67,7 +67,10 @@ pub async fn start_with_resolver(
     resolver: Arc<dyn Resolve>,
 ) -> Result<Running, String> {
     let config = Arc::new(config);
-    let client = new_client(Duration::from_millis(config.fleet.connect_timeout_ms));
+    let client = new_client(
+        Duration::from_millis(config.fleet.connect_timeout_ms),
+        crate::tls::client_config(&config.fleet.tls)?,
+    );
     let fleet = Arc::new(Fleet::new(&config, client, resolver));
     let metrics = Arc::new(Metrics::new());
     let gateway = Arc::new(Gateway::new(
@@ -97,24 +100,35 @@ pub async fn start_with_resolver(
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let tls = match &config.server.tls {
+        Some(t) => Some(Arc::new(ReloadableTls::new(t.clone())?)),
+        None => None,
+    };
+    let options = ServeOptions {
+        tls: tls.clone(),
+        header_read_timeout: Duration::from_millis(config.limits.header_read_timeout_ms),
+        max_header_bytes: config.limits.max_header_bytes,
+        drain: Duration::from_millis(config.limits.drain_timeout_ms),
+    };
     let mut tasks = vec![tokio::spawn(server::serve(
         listener,
         server::gateway_service(gateway.clone()),
         wait(stopped.clone()),
-        DRAIN_DEADLINE,
+        options,
     ))];
     if let Some(l) = metrics_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
             server::metrics_service(gateway.clone()),
             wait(stopped),
-            Duration::from_secs(1),
+            ServeOptions::plain(Duration::from_secs(1)),
         )));
     }
     Ok(Running {
         addr,
         metrics_addr,
         gateway,
+        tls,
         stop,
         tasks,
         refresher,
@@ -125,16 +139,10 @@ pub async fn start_with_resolver(
 /// Resolves DNS backends again every `fleet.dns_interval_ms`.
 async fn rediscover(gateway: Arc<Gateway>) {
     loop {
-        let config = gateway.config();
-        tokio::time::sleep(Duration::from_millis(config.fleet.dns_interval_ms.max(100))).await;
-        if config
-            .backends
-            .iter()
-            .any(|b| b.discovery == crate::config::Discovery::Dns)
-        {
-            if let Err(e) = gateway.fleet.reconcile(&gateway.config()).await {
-                tracing::warn!(error = %e, "DNS rediscovery failed");
-            }
+        let interval = gateway.config().fleet.dns_interval_ms.max(100);
+        tokio::time::sleep(Duration::from_millis(interval)).await;
+        if let Err(e) = gateway.rediscover().await {
+            tracing::warn!(error = %e, "DNS rediscovery failed");
         }
     }
 }

@@ -54,7 +54,7 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             errors.push(ConfigError {
                 line: url_line,
                 message: format!(
-                    "backend '{}': discovery = \"dns\" needs an http:// URL",
+                    "backend '{}': discovery = \"dns\" needs an http:// or https:// URL",
                     b.name.get_ref()
                 ),
             });
@@ -80,9 +80,9 @@ fn check_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("backend url '{url}' is not a valid URL: {e}"))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http") | Some("https")) {
         return Err(format!(
-            "backend url '{url}' must start with http:// (or be the word builtin)"
+            "backend url '{url}' must start with http:// or https:// (or be the word builtin)"
         ));
     }
     if uri.host().is_none() {
@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(
             e,
             vec![
-                "line 3: backend url 'ftp://x:1' must start with http:// (or be the word builtin)",
+                "line 3: backend url 'ftp://x:1' must start with http:// or https:// (or be the word builtin)",
                 "line 6: duplicate backend name 'a'",
                 "line 7: backend url 'http://h:1/v2' must not have a path",
             ]
@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(
             e,
             vec![
-                "line 3: backend 'b': discovery = \"dns\" needs an http:// URL",
+                "line 3: backend 'b': discovery = \"dns\" needs an http:// or https:// URL",
                 "line 2: backend 'b': weight must be at least 1",
             ]
         );

@@ -29,6 +29,8 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelConfig>,
+    #[serde(default)]
+    pub auth: AuthConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -46,6 +48,51 @@ pub struct ServerConfig {
     /// Name reported in server metadata.
     #[serde(default = "default_server_name")]
     pub name: String,
+    /// TLS on the v2 listener; absent means plain HTTP.
+    #[serde(default)]
+    pub tls: Option<ServerTls>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// PEM CA bundle: when set, clients must present a certificate it signed (mTLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTls {
+    /// PEM CA bundle that https:// backends must chain to (default: the Mozilla roots).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key presented to backends that ask for one.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// File with one accepted bearer token per line.
+    #[serde(default)]
+    pub tokens_file: Option<PathBuf>,
+    /// Environment variable with accepted tokens, separated by commas or newlines.
+    #[serde(default)]
+    pub tokens_env: Option<String>,
+}
+
+impl AuthConfig {
+    pub fn enabled(&self) -> bool {
+        self.tokens_file.is_some() || self.tokens_env.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -64,6 +111,7 @@ impl Default for ServerConfig {
             log_level: default_log_level(),
             log_format: LogFormat::Plain,
             name: default_server_name(),
+            tls: None,
         }
     }
 }
@@ -94,6 +142,17 @@ pub struct LimitsConfig {
     pub max_tensor_elements: u64,
     /// Default deadline of an inference request; the v2 `timeout` parameter may shorten it.
     pub request_timeout_ms: u64,
+    /// Largest request head (request line and headers); 431 beyond.
+    pub max_header_bytes: usize,
+    /// Requests handled at once; beyond it they are shed with 503 and Retry-After.
+    pub max_concurrent_requests: usize,
+    /// Time to receive a request's headers, which is also how long an idle HTTP/1
+    /// keep-alive connection is kept.
+    pub header_read_timeout_ms: u64,
+    /// Time to receive a request's body (408 beyond).
+    pub body_read_timeout_ms: u64,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -104,6 +163,11 @@ impl Default for LimitsConfig {
             max_json_depth: 64,
             max_tensor_elements: 1 << 28,
             request_timeout_ms: 60_000,
+            max_header_bytes: 64 << 10,
+            max_concurrent_requests: 1024,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 60_000,
+            drain_timeout_ms: 30_000,
         }
     }
 }
@@ -144,6 +208,8 @@ pub struct FleetConfig {
     pub max_sequences: usize,
     /// Watch the config file and reload it when it changes (SIGHUP always reloads).
     pub watch_config: bool,
+    /// TLS for https:// backends.
+    pub tls: BackendTls,
 }
 
 impl Default for FleetConfig {
@@ -159,6 +225,7 @@ impl Default for FleetConfig {
             sequence_idle_timeout_ms: 300_000,
             max_sequences: 1_000_000,
             watch_config: true,
+            tls: BackendTls::default(),
         }
     }
 }

@@ -20,17 +20,23 @@ use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
 /// Metadata and error bodies larger than this are refused; they are never that large.
 const MAX_SMALL_BODY: usize = 16 << 20;
 
-pub type HttpClient = Client<HttpConnector, Body>;
+pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 
-pub fn new_client(connect_timeout: Duration) -> HttpClient {
+/// A pooled keep-alive client for http:// and https:// backends.
+pub fn new_client(connect_timeout: Duration, tls: rustls::ClientConfig) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
-    connector.enforce_http(true);
+    connector.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(1024)
-        .build(connector)
+        .build(https)
 }
 
 pub struct HttpBackend {

@@ -1,5 +1,6 @@
 //! The gateway: shared state and the dispatch of each request to its handler.
 
+mod auth;
 mod classification;
 mod handlers;
 mod infer;
@@ -38,6 +39,13 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     pub stats: observe::Stats,
     draining: AtomicBool,
+    tokens: ArcSwap<Option<auth::Tokens>>,
+    /// One permit per request being handled; none left means shed (503).
+    permits: Arc<tokio::sync::Semaphore>,
+    max_concurrent: usize,
+    /// Serializes reloads and DNS rediscoveries: each reconciles the fleet with a config and
+    /// must not interleave with another, or an older config could be applied last.
+    reload_lock: tokio::sync::Mutex<()>,
 }
 
 /// Keeps a gauge raised while a request is handled, even if the client goes away.
@@ -69,11 +77,17 @@ impl Gateway {
                 config.fleet.max_sequences,
                 Duration::from_millis(config.fleet.sequence_idle_timeout_ms),
             ),
-            config: ArcSwap::new(config),
             fleet,
             metrics,
             stats: observe::Stats::default(),
             draining: AtomicBool::new(false),
+            tokens: ArcSwap::from_pointee(auth::Tokens::load(&config.auth)?),
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                config.limits.max_concurrent_requests.max(1),
+            )),
+            max_concurrent: config.limits.max_concurrent_requests.max(1),
+            reload_lock: tokio::sync::Mutex::new(()),
+            config: ArcSwap::new(config),
         })
     }
 
@@ -84,11 +98,29 @@ impl Gateway {
     /// Applies a new config: backends (with DNS resolved again), model settings and labels.
     /// Requests in flight finish on the backends they hold.
     pub async fn reload(&self, config: Config) -> Result<(), String> {
+        let _serial = self.reload_lock.lock().await;
         let labels = labels::Labels::load(&config)?;
+        let tokens = auth::Tokens::load(&config.auth)?;
         self.fleet.reconcile(&config).await?;
         self.labels.store(Arc::new(labels));
+        self.tokens.store(Arc::new(tokens));
         self.config.store(Arc::new(config));
         Ok(())
+    }
+
+    /// Resolves the DNS backends of the current config again. Serialized with reloads, so
+    /// that it cannot apply the config a reload is replacing.
+    pub async fn rediscover(&self) -> Result<(), String> {
+        let _serial = self.reload_lock.lock().await;
+        let config = self.config();
+        if !config
+            .backends
+            .iter()
+            .any(|b| b.discovery == crate::config::Discovery::Dns)
+        {
+            return Ok(());
+        }
+        self.fleet.reconcile(&config).await
     }
 
     /// Sets the gauges that describe state rather than events, just before a scrape.
@@ -197,6 +229,24 @@ impl Gateway {
                 req.uri().path()
             )),
         })?;
+        // Health stays open and is never shed, so that probes keep telling the truth.
+        let _permit = if matches!(route, Route::Live | Route::Ready) {
+            None
+        } else {
+            if let Some(tokens) = self.tokens.load().as_ref() {
+                if !tokens.accepts(req.headers().get(header::AUTHORIZATION)) {
+                    return Err(GatewayError::Unauthorized(
+                        "missing or invalid bearer token".into(),
+                    ));
+                }
+            }
+            Some(self.permits.clone().try_acquire_owned().map_err(|_| {
+                GatewayError::Unavailable(format!(
+                    "tensorgate is handling its limit of {} concurrent requests (limits.max_concurrent_requests); retry later",
+                    self.max_concurrent
+                ))
+            })?)
+        };
         match route {
             Route::ServerMetadata => Ok(handlers::server_metadata(self)),
             Route::Live => Ok(handlers::live()),
@@ -215,7 +265,17 @@ impl Gateway {
                 check_content_encoding(&req)?;
                 let config = self.config();
                 let (parts, body) = req.into_parts();
-                let body = read_body(body, config.limits.max_body_bytes).await?;
+                let body = tokio::time::timeout(
+                    Duration::from_millis(config.limits.body_read_timeout_ms),
+                    read_body(body, config.limits.max_body_bytes),
+                )
+                .await
+                .map_err(|_| {
+                    GatewayError::RequestTimeout(format!(
+                        "the request body did not arrive within {} ms (limits.body_read_timeout_ms)",
+                        config.limits.body_read_timeout_ms
+                    ))
+                })??;
                 obs.bytes_in = body.len() as u64;
                 infer::infer(self, &config, &model, version.as_deref(), &parts, body, obs).await
             }

@@ -24,6 +24,7 @@ use tower_http::decompression::RequestDecompressionLayer;
 use crate::body::{error_response, full, Body, BoxError};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
+use crate::tls::ReloadableTls;
 
 /// The innermost service: hands each request to the gateway.
 #[derive(Clone)]
@@ -55,13 +56,37 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> 
     ))
 }
 
-/// Serves connections from `listener` with `make_service` until `shutdown` resolves, then
-/// lets in-flight requests finish for up to `drain`.
+/// How connections are served.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// TLS for every connection, reloadable; `None` serves plain HTTP.
+    pub tls: Option<Arc<ReloadableTls>>,
+    /// Time for a request head (and the TLS handshake); also bounds idle HTTP/1 keep-alive.
+    pub header_read_timeout: Duration,
+    /// Largest request head, HTTP/1 and h2.
+    pub max_header_bytes: usize,
+    /// How long in-flight requests may take to finish after shutdown begins.
+    pub drain: Duration,
+}
+
+impl ServeOptions {
+    pub fn plain(drain: Duration) -> Self {
+        ServeOptions {
+            tls: None,
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 << 10,
+            drain,
+        }
+    }
+}
+
+/// Serves connections from `listener` with `service` until `shutdown` resolves, then lets
+/// in-flight requests finish for up to `options.drain`.
 pub async fn serve<S, ResBody>(
     listener: TcpListener,
     service: S,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
+    options: ServeOptions,
 ) where
     S: tower::Service<Request<Incoming>, Response = Response<ResBody>, Error = Infallible>
         + Clone
@@ -77,14 +102,21 @@ pub async fn serve<S, ResBody>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(options.header_read_timeout)
+        // hyper's floor for its read buffer is 8 KiB.
+        .max_buf_size(options.max_header_bytes.max(8192))
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(options.max_header_bytes.min(u32::MAX as usize) as u32)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -93,11 +125,37 @@ pub async fn serve<S, ResBody>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service.clone()));
-                let conn = graceful.watch(conn.into_owned());
+                let watcher = graceful.watcher();
+                let builder = builder.clone();
+                let service = TowerToHyperService::new(service.clone());
+                let tls = options.tls.as_ref().map(|t| t.acceptor());
+                let handshake_timeout = options.header_read_timeout;
+                // The handshake runs in the connection's task, so a slow client cannot
+                // stall the accept loop.
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    let result = match tls {
+                        None => {
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Some(acceptor) => {
+                            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                    };
+                    if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
                 });
             }
@@ -105,7 +163,7 @@ pub async fn serve<S, ResBody>(
         }
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
+    if tokio::time::timeout(options.drain, graceful.shutdown())
         .await
         .is_err()
     {

@@ -1,0 +1,161 @@
+//! TLS with rustls (ring provider): the listener's config, reloadable without a restart, and
+//! the client config for https:// backends. TLS 1.2 and 1.3 only; ALPN offers h2 and
+//! http/1.1.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::{BackendTls, ServerTls};
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+const VERSIONS: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("invalid PEM in {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{} holds no certificate", path.display()));
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| format!("cannot read a private key from {}: {e}", path.display()))
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    for c in certs(path)? {
+        store
+            .add(c)
+            .map_err(|e| format!("invalid CA certificate in {}: {e}", path.display()))?;
+    }
+    Ok(store)
+}
+
+/// Builds the listener's TLS config from its files.
+pub fn server_config(tls: &ServerTls) -> Result<ServerConfig, String> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(VERSIONS)
+        .map_err(|e| e.to_string())?;
+    let builder = match &tls.client_ca {
+        Some(ca) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                    .build()
+                    .map_err(|e| format!("client CA {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs(&tls.cert)?, key(&tls.key)?)
+        .map_err(|e| {
+            format!(
+                "certificate {} and key {} do not form a valid pair: {e}",
+                tls.cert.display(),
+                tls.key.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The listener's TLS config, swapped in place when its files change.
+pub struct ReloadableTls {
+    files: ServerTls,
+    current: ArcSwap<ServerConfig>,
+    fingerprint: std::sync::Mutex<u64>,
+}
+
+impl ReloadableTls {
+    pub fn new(files: ServerTls) -> Result<Self, String> {
+        let config = server_config(&files)?;
+        let fingerprint = fingerprint(&files);
+        Ok(ReloadableTls {
+            files,
+            current: ArcSwap::from_pointee(config),
+            fingerprint: std::sync::Mutex::new(fingerprint),
+        })
+    }
+
+    /// The config new connections are accepted with.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+    }
+
+    /// Reads the files again; on error the old config stays.
+    pub fn reload(&self) -> Result<(), String> {
+        let config = server_config(&self.files)?;
+        self.current.store(Arc::new(config));
+        *self.fingerprint.lock().expect("not poisoned") = fingerprint(&self.files);
+        Ok(())
+    }
+
+    /// Reloads when the files' contents changed since the last load.
+    pub fn reload_if_changed(&self) -> Option<Result<(), String>> {
+        let now = fingerprint(&self.files);
+        if now == *self.fingerprint.lock().expect("not poisoned") {
+            return None;
+        }
+        Some(self.reload())
+    }
+
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.files.cert.clone(), self.files.key.clone()];
+        v.extend(self.files.client_ca.clone());
+        v
+    }
+}
+
+fn fingerprint(files: &ServerTls) -> u64 {
+    let mut all = Vec::new();
+    for p in [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        all.extend(std::fs::read(p).unwrap_or_default());
+        all.push(0);
+    }
+    xxhash_rust::xxh3::xxh3_64(&all)
+}
+
+/// The client config for https:// backends.
+pub fn client_config(tls: &BackendTls) -> Result<ClientConfig, String> {
+    let roots = match &tls.ca {
+        Some(ca) => roots(ca)?,
+        None => RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        },
+    };
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(VERSIONS)
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let mut config = match (&tls.cert, &tls.key) {
+        (Some(c), Some(k)) => builder
+            .with_client_auth_cert(certs(c)?, key(k)?)
+            .map_err(|e| format!("client certificate {}: {e}", c.display()))?,
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err("fleet.tls needs both cert and key for a client certificate".into()),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
