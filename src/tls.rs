@@ -149,13 +149,13 @@ pub fn client_config(tls: &BackendTls) -> Result<ClientConfig, String> {
         .with_protocol_versions(VERSIONS)
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots);
-    let mut config = match (&tls.cert, &tls.key) {
+    // hyper-rustls sets ALPN itself from the HTTP versions enabled on the connector.
+    let config = match (&tls.cert, &tls.key) {
         (Some(c), Some(k)) => builder
             .with_client_auth_cert(certs(c)?, key(k)?)
             .map_err(|e| format!("client certificate {}: {e}", c.display()))?,
         (None, None) => builder.with_no_client_auth(),
         _ => return Err("fleet.tls needs both cert and key for a client certificate".into()),
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }

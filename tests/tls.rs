@@ -1,0 +1,337 @@
+//! TLS on the listener and to backends, with certificates made by rcgen: HTTPS with h2 and
+//! http/1.1 by ALPN, mTLS, refusal of TLS 1.1, and certificate reload without a restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tensorgate::config::{BackendTls, Config, ServerTls};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Pki {
+    dir: PathBuf,
+    ca_cert: rcgen::Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new(tag: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("tensorgate-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(DnType::CommonName, format!("tensorgate test CA {tag}"));
+        let ca_cert = p.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
+        Pki {
+            dir,
+            ca_cert,
+            ca_key,
+        }
+    }
+
+    /// Issues a certificate and writes `<name>.crt` and `<name>.key`.
+    fn issue(&self, name: &str, sans: &[&str], client: bool) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.extended_key_usages = vec![if client {
+            ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            ExtendedKeyUsagePurpose::ServerAuth
+        }];
+        let cert = p.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+}
+
+/// `_alpn` documents the protocol a call expects; hyper-rustls sets ALPN from the
+/// connector's enabled HTTP versions.
+fn client_tls(
+    ca: &Path,
+    client_cert: Option<(&Path, &Path)>,
+    _alpn: &[&[u8]],
+) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    match client_cert {
+        Some((c, k)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(c)
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_file(k).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    }
+}
+
+type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+fn https_client(tls: rustls::ClientConfig, h2: bool) -> TestClient {
+    let b = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only();
+    let connector = if h2 {
+        b.enable_http2().build()
+    } else {
+        b.enable_http1().build()
+    };
+    Client::builder(TokioExecutor::new())
+        .http2_only(h2)
+        .build(connector)
+}
+
+async fn get(
+    client: &TestClient,
+    url: &str,
+) -> Result<(http::StatusCode, http::Version, Bytes), String> {
+    let req = http::Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("{e:?}"))?;
+    let (status, version) = (resp.status(), resp.version());
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, version, body))
+}
+
+async fn start_tls_gateway(tls: ServerTls) -> tensorgate::run::Running {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.tls = Some(tls);
+    tensorgate::run::start(config, false).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_h2_and_http1() {
+    let pki = Pki::new("https");
+    let (cert, key) = pki.issue("server", &["localhost", "127.0.0.1"], false);
+    let gw = start_tls_gateway(ServerTls {
+        cert,
+        key,
+        client_ca: None,
+    })
+    .await;
+    let url = format!("https://localhost:{}/v2/health/ready", gw.addr.port());
+    for (h2, alpn, version) in [
+        (true, &[&b"h2"[..]][..], http::Version::HTTP_2),
+        (false, &[&b"http/1.1"[..]][..], http::Version::HTTP_11),
+    ] {
+        let client = https_client(client_tls(&pki.ca(), None, alpn), h2);
+        let (status, v, body) = get(&client, &url).await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(v, version);
+        assert_eq!(&body[..], br#"{"ready":true}"#);
+    }
+    // A client that does not trust our CA fails the handshake.
+    let other = Pki::new("other");
+    let client = https_client(client_tls(&other.ca(), None, &[b"http/1.1"]), false);
+    assert!(get(&client, &url).await.is_err());
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_requires_a_client_certificate() {
+    let pki = Pki::new("mtls");
+    let (cert, key) = pki.issue("server", &["localhost"], false);
+    let (ccert, ckey) = pki.issue("client", &["client.test"], true);
+    let gw = start_tls_gateway(ServerTls {
+        cert,
+        key,
+        client_ca: Some(pki.ca()),
+    })
+    .await;
+    let url = format!("https://localhost:{}/v2", gw.addr.port());
+    let anonymous = https_client(client_tls(&pki.ca(), None, &[b"http/1.1"]), false);
+    assert!(
+        get(&anonymous, &url).await.is_err(),
+        "a client without a certificate must be refused"
+    );
+    let rogue_pki = Pki::new("rogue");
+    let (rc, rk) = rogue_pki.issue("rogue", &["rogue.test"], true);
+    let rogue = https_client(
+        client_tls(&pki.ca(), Some((&rc, &rk)), &[b"http/1.1"]),
+        false,
+    );
+    assert!(
+        get(&rogue, &url).await.is_err(),
+        "a certificate from another CA must be refused"
+    );
+    let client = https_client(
+        client_tls(&pki.ca(), Some((&ccert, &ckey)), &[b"http/1.1"]),
+        false,
+    );
+    let (status, _, body) = get(&client, &url).await.unwrap();
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("\"name\":\"tensorgate\""));
+    gw.shutdown().await;
+}
+
+/// A TLS 1.1 ClientHello (legacy_version 0x0302, no supported_versions extension).
+fn tls11_client_hello() -> Vec<u8> {
+    let mut hello = vec![0x03, 0x02];
+    hello.extend_from_slice(&[7u8; 32]); // random
+    hello.push(0); // session id
+    hello.extend_from_slice(&[0x00, 0x04, 0xc0, 0x13, 0x00, 0x2f]); // two CBC suites of TLS 1.0/1.1
+    hello.extend_from_slice(&[0x01, 0x00]); // null compression
+    let mut handshake = vec![0x01, 0x00, (hello.len() >> 8) as u8, hello.len() as u8];
+    handshake.extend_from_slice(&hello);
+    let mut record = vec![
+        0x16,
+        0x03,
+        0x02,
+        (handshake.len() >> 8) as u8,
+        handshake.len() as u8,
+    ];
+    record.extend_from_slice(&handshake);
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_1_1_is_refused() {
+    let pki = Pki::new("tls11");
+    let (cert, key) = pki.issue("server", &["localhost"], false);
+    let gw = start_tls_gateway(ServerTls {
+        cert,
+        key,
+        client_ca: None,
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(&tls11_client_hello()).await.unwrap();
+    let mut buf = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    // The answer is a fatal alert record (0x15, level 2): rustls sends handshake_failure (40)
+    // when no offered version is acceptable. Never a ServerHello (0x16).
+    assert!(n >= 7, "expected an alert, got {n} bytes");
+    assert_eq!(buf[0], 0x15, "record type: {:02x?}", &buf[..n]);
+    assert_eq!(buf[5], 2, "alert level: {:02x?}", &buf[..n]);
+    assert!(
+        matches!(buf[6], 40 | 70),
+        "alert description: {:02x?}",
+        &buf[..n]
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_reload_without_a_restart() {
+    let first = Pki::new("reload-a");
+    let (cert, key) = first.issue("server", &["localhost"], false);
+    let gw = start_tls_gateway(ServerTls {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: None,
+    })
+    .await;
+    let url = format!("https://localhost:{}/v2/health/live", gw.addr.port());
+    let trusts_first = https_client(client_tls(&first.ca(), None, &[b"http/1.1"]), false);
+    assert_eq!(get(&trusts_first, &url).await.unwrap().0, 200);
+    let tls = gw.tls.clone().unwrap();
+    assert!(tls.reload_if_changed().is_none(), "nothing changed yet");
+
+    // Replace the files with a certificate from another CA.
+    let second = Pki::new("reload-b");
+    let (c2, k2) = second.issue("server", &["localhost"], false);
+    std::fs::copy(&c2, &cert).unwrap();
+    std::fs::copy(&k2, &key).unwrap();
+    assert_eq!(tls.reload_if_changed(), Some(Ok(())));
+    let trusts_second = https_client(client_tls(&second.ca(), None, &[b"http/1.1"]), false);
+    assert_eq!(get(&trusts_second, &url).await.unwrap().0, 200);
+    let fresh_first = https_client(client_tls(&first.ca(), None, &[b"http/1.1"]), false);
+    assert!(
+        get(&fresh_first, &url).await.is_err(),
+        "new connections use the new certificate"
+    );
+
+    // A broken file keeps the old certificate.
+    std::fs::write(&key, "not a key").unwrap();
+    let e = tls.reload_if_changed().unwrap().unwrap_err();
+    assert!(e.starts_with("cannot read a private key from"), "{e}");
+    assert_eq!(get(&trusts_second, &url).await.unwrap().0, 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_backend_with_custom_ca_and_client_certificate() {
+    let pki = Pki::new("backend");
+    let (cert, key) = pki.issue("worker", &["localhost"], false);
+    let (ccert, ckey) = pki.issue("gateway", &["gateway.test"], true);
+    // A worker that requires client certificates.
+    let mut worker = Config::worker("127.0.0.1:0".parse().unwrap(), &["simple".to_string()]);
+    worker.server.tls = Some(ServerTls {
+        cert,
+        key,
+        client_ca: Some(pki.ca()),
+    });
+    let worker = tensorgate::run::start(worker, false).await.unwrap();
+
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config
+        .set_backends(&[format!("https://localhost:{}", worker.addr.port())])
+        .unwrap();
+    config.fleet.tls = BackendTls {
+        ca: Some(pki.ca()),
+        cert: Some(ccert),
+        key: Some(ckey),
+    };
+    let gw = tensorgate::run::start(config, false).await.unwrap();
+
+    let body = serde_json::json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": vec![5; 16]},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": vec![2; 16]}
+    ]});
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v2/models/simple/infer", gw.addr))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["outputs"][0]["data"], serde_json::json!(vec![7; 16]));
+    assert_eq!(v["outputs"][1]["data"], serde_json::json!(vec![3; 16]));
+    gw.shutdown().await;
+    worker.shutdown().await;
+}
