@@ -1,0 +1,217 @@
+//! After a scripted set of requests, each metric has moved by exactly the expected amount,
+//! histogram counts match, and the statistics extension agrees.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+use tensorgate::config::Config;
+
+/// Parses the text exposition into `name{labels}` → value, labels sorted as exposed.
+fn parse(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn simple_body(batch: usize) -> Value {
+    let data: Vec<i32> = (0..batch as i32 * 16).collect();
+    json!({"inputs": [
+        {"name": "INPUT0", "shape": [batch, 16], "datatype": "INT32", "data": data},
+        {"name": "INPUT1", "shape": [batch, 16], "datatype": "INT32", "data": data},
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_move_exactly() {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    let gw = tensorgate::run::start(config, true).await.unwrap();
+    let base = format!("http://{}", gw.addr);
+    let client = reqwest::Client::new();
+    let mut simple_bytes = 0u64;
+    let post = |path: &str, body: Vec<u8>| {
+        client
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    for _ in 0..3 {
+        let body = serde_json::to_vec(&simple_body(2)).unwrap();
+        simple_bytes += body.len() as u64;
+        assert_eq!(
+            post("/v2/models/simple/infer", body)
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let bad = serde_json::to_vec(&json!({"inputs": []})).unwrap();
+    simple_bytes += bad.len() as u64;
+    assert_eq!(
+        post("/v2/models/simple/infer", bad).await.unwrap().status(),
+        400
+    );
+    let classify = json!({
+        "inputs": [{"name": "INPUT0", "shape": [1, 8], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6, 7, 8]}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]
+    });
+    let r = post(
+        "/v2/models/classifier/infer",
+        serde_json::to_vec(&classify).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let unknown = serde_json::to_vec(&simple_body(1)).unwrap();
+    assert_eq!(
+        post("/v2/models/nope/infer", unknown)
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let seq = json!({
+        "parameters": {"sequence_id": 99, "sequence_start": true},
+        "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [4]}]
+    });
+    assert_eq!(
+        post(
+            "/v2/models/accumulate/infer",
+            serde_json::to_vec(&seq).unwrap()
+        )
+        .await
+        .unwrap()
+        .status(),
+        200
+    );
+
+    let text = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let m = parse(&text);
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("missing {k} in\n{text}"));
+    assert_eq!(
+        get(r#"nv_inference_request_success{model="simple",version="1"}"#),
+        3.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_request_failure{model="simple",reason="REJECTED",version="1"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_count{model="simple",version="1"}"#),
+        6.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_exec_count{model="simple",version="1"}"#),
+        3.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_pending_request_count{model="simple",version="1"}"#),
+        0.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_request_success{model="classifier",version="1"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(r#"tensorgate_request_duration_seconds_count{backend="builtin",model="simple"}"#),
+        3.0
+    );
+    assert_eq!(
+        get(r#"tensorgate_request_duration_seconds_count{backend="none",model="simple"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(
+            r#"tensorgate_request_duration_seconds_bucket{backend="builtin",model="simple",le="+Inf"}"#
+        ),
+        3.0
+    );
+    assert_eq!(get(r#"tensorgate_http_requests_total{code="200"}"#), 5.0);
+    assert_eq!(get(r#"tensorgate_http_requests_total{code="400"}"#), 1.0);
+    assert_eq!(get(r#"tensorgate_http_requests_total{code="404"}"#), 1.0);
+    assert_eq!(get("tensorgate_http_requests_in_flight"), 0.0);
+    assert_eq!(
+        get(r#"tensorgate_gateway_classifications_total{model="classifier"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(r#"tensorgate_received_bytes_total{model="simple"}"#),
+        simple_bytes as f64
+    );
+    assert_eq!(get("tensorgate_sequence_pins"), 1.0);
+    assert_eq!(get(r#"tensorgate_backend_healthy{backend="builtin"}"#), 1.0);
+    // JSON inputs decoded for the in-process models: 3 × 2 × 128 bytes for simple, 32 for
+    // the classifier, 4 for accumulate.
+    assert_eq!(
+        get(r#"tensorgate_transcoded_bytes_total{direction="json_to_binary"}"#),
+        804.0
+    );
+    assert!(
+        !text.contains("model=\"nope\""),
+        "unknown models never become label values"
+    );
+
+    let stats: Value = reqwest::get(format!("{base}/v2/models/simple/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let s = &stats["model_stats"][0];
+    assert_eq!(s["name"], "simple");
+    assert_eq!(s["version"], "1");
+    assert_eq!(s["inference_count"], 6);
+    assert_eq!(s["execution_count"], 3);
+    assert_eq!(s["inference_stats"]["success"]["count"], 3);
+    assert_eq!(s["inference_stats"]["fail"]["count"], 1);
+    for phase in ["queue", "compute_input", "compute_infer", "compute_output"] {
+        assert_eq!(s["inference_stats"][phase]["count"], 3, "{phase}");
+        assert!(
+            s["inference_stats"][phase]["ns"].as_u64().is_some(),
+            "{phase}"
+        );
+    }
+    assert!(s["last_inference"].as_u64().unwrap() > 0);
+    let all: Value = reqwest::get(format!("{base}/v2/models/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(all["model_stats"].as_array().unwrap().len() >= 17);
+    let r = reqwest::get(format!("{base}/v2/models/nope/stats"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_and_request_id() {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    let gw = tensorgate::run::start(config, false).await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v2/models/simple/infer", gw.addr))
+        .header("x-request-id", "req-123")
+        .json(&simple_body(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-request-id"], "req-123");
+    gw.shutdown().await;
+}
