@@ -1,64 +1,120 @@
 #!/usr/bin/env bash
-# The project's test command (README: "Test it"). On a fresh Debian machine it installs what
-# the tests need: Debian packages (prometheus for promtool and the scrape test) and a Python
-# venv with tritonclient and MLServer for the interop tests. Then: format, lint, unit and
-# integration tests, a short bounded fuzz run, and the Python interop suites.
+# The project's test command (README: "Test it"; CI runs it through .ci/run).
+#
+# On a fresh Debian machine, as root, with network access to Debian, PyPI and crates.io only,
+# it installs what the tests need (missing Debian packages, and a .venv with the pinned
+# tritonclient and MLServer of tests/interop/requirements.txt), then runs, failing fast:
+#   cargo fmt --check, cargo clippy -D warnings, cargo build, cargo test,
+#   scripts/fuzz.sh (if present, short and bounded), and the Python interop suites (pytest).
+#
+# Environment:
+#   FUZZ_SECONDS   seconds for scripts/fuzz.sh (default 10)
+#   TG_CARGO_LOCK  a lock file; when set, every cargo command runs under `flock` on it
+#                  (for machines where several people build at once)
+#   PYTEST_ARGS    extra arguments for pytest (e.g. "-x" or "-k simple")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-section() { printf '\n==== %s ====\n' "$*"; }
+STARTED=$SECONDS
+section() { printf '\n==== %s ==== (t=%ss)\n' "$*" "$((SECONDS - STARTED))"; }
 
-DEBIAN_PACKAGES="prometheus python3-venv"
-section "Debian packages: $DEBIAN_PACKAGES"
+cargo_() {
+  if [ -n "${TG_CARGO_LOCK:-}" ]; then
+    flock "$TG_CARGO_LOCK" cargo "$@"
+  else
+    cargo "$@"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------
+# Debian packages. The one list: promtool (Debian's prometheus) for the metrics checks.
+# python3 / python3-venv are added below only when this machine lacks a working
+# `python3 -m venv`.
+DEBIAN_PACKAGES="prometheus"
+
+section "Debian packages"
+wanted="$DEBIAN_PACKAGES"
+if ! command -v python3 >/dev/null 2>&1; then
+  wanted="$wanted python3 python3-venv"
+elif [ ! -x .venv/bin/python ]; then
+  probe=$(mktemp -d)
+  if ! python3 -m venv "$probe/venv" >/dev/null 2>&1; then
+    wanted="$wanted python3-venv"
+  fi
+  rm -rf "$probe"
+fi
 missing=""
-for p in $DEBIAN_PACKAGES; do
+for p in $wanted; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
-  else
-    echo "missing Debian packages:$missing (run as root to install them)" >&2
+  echo "installing:$missing"
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing Debian packages:$missing (run as root, or install them)" >&2
     exit 1
   fi
+  aptlog=$(mktemp)
+  # shellcheck disable=SC2086
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+         apt-get install -y -qq --no-install-recommends $missing; } >"$aptlog" 2>&1; then
+    cat "$aptlog" >&2
+    echo "apt-get failed" >&2
+    exit 1
+  fi
+  rm -f "$aptlog"
+else
+  echo "all present: $wanted"
 fi
 
-section "Python venv (.venv)"
+# ---------------------------------------------------------------------------------------
+section "Python venv (.venv, tests/interop/requirements.txt)"
+REQS=tests/interop/requirements.txt
+CONSTRAINTS=tests/interop/constraints.txt
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c 'import sys' >/dev/null 2>&1; then
+  echo ".venv is broken (its Python is gone): recreating it"
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-REQS=tests/interop/requirements.txt
-if [ -f "$REQS" ] && ! cmp -s "$REQS" .venv/.installed-requirements 2>/dev/null; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -r "$REQS"
-  cp "$REQS" .venv/.installed-requirements
+stamp=$(cat "$REQS" "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.requirements.sha256 2>/dev/null || true)" != "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$REQS"
+  echo "$stamp" > .venv/.requirements.sha256
+else
+  echo "up to date"
 fi
+.venv/bin/python --version
 
+# ---------------------------------------------------------------------------------------
 section "cargo fmt --check"
-cargo fmt --all -- --check
+cargo_ fmt --all -- --check
 
-section "cargo clippy"
-cargo clippy --all-targets -- -D warnings
+section "cargo clippy -D warnings"
+cargo_ clippy --locked --all-targets -- -D warnings
 
 section "cargo build"
-cargo build --locked
+cargo_ build --locked
 
 section "cargo test"
-cargo test --locked
+cargo_ test --locked
 
-if [ -x scripts/fuzz.sh ]; then
-  section "fuzz (bounded)"
-  scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+if [ -f scripts/fuzz.sh ]; then
+  section "fuzz (${FUZZ_SECONDS:-10} s)"
+  bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 fi
 
-if [ -d tests/interop ] || [ -d tests/deploy ]; then
-  section "pytest: interop and deploy"
-  export TENSORGATE_BIN="$ROOT/target/debug/tensorgate"
-  dirs=""
-  for d in tests/interop tests/deploy; do [ -d "$d" ] && dirs="$dirs $d"; done
-  .venv/bin/python -m pytest -q $dirs
-fi
+# ---------------------------------------------------------------------------------------
+section "pytest: Python interop suites"
+export TENSORGATE_BIN="$ROOT/target/debug/tensorgate"
+# One pytest run per directory, so each finds its own pytest.ini and conftest.py.
+for d in tests/interop tests/observability tests/deploy; do
+  if [ -d "$d" ]; then
+    echo "-- $d"
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pytest -q "$d" ${PYTEST_ARGS:-}
+  fi
+done
 
 section "all tests passed"

@@ -52,6 +52,23 @@ fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterV
     )
 }
 
+fn triton_gauge(r: Option<&Registry>, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    match r {
+        Some(r) => reg(r, g),
+        None => g,
+    }
+}
+
+/// Triton's series go to `r` only when wanted; otherwise they are counted but not exposed.
+fn triton_counter(r: Option<&Registry>, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    match r {
+        Some(r) => reg(r, c),
+        None => c,
+    }
+}
+
 fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     reg(
         r,
@@ -60,42 +77,44 @@ fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    /// `triton`: also expose Triton's `nv_inference_*` series.
+    pub fn new(triton: bool) -> Self {
         let r = Registry::new();
+        let t = triton.then_some(&r);
         let mv = &["model", "version"];
         Metrics {
-            nv_success: counter(
-                &r,
+            nv_success: triton_counter(
+                t,
                 "nv_inference_request_success",
                 "Number of successful inference requests, all batch sizes",
                 mv,
             ),
-            nv_failure: counter(
-                &r,
+            nv_failure: triton_counter(
+                t,
                 "nv_inference_request_failure",
                 "Number of failed inference requests, all batch sizes",
                 &["model", "version", "reason"],
             ),
-            nv_count: counter(
-                &r,
+            nv_count: triton_counter(
+                t,
                 "nv_inference_count",
                 "Number of inferences performed (a batch of n counts n)",
                 mv,
             ),
-            nv_exec_count: counter(
-                &r,
+            nv_exec_count: triton_counter(
+                t,
                 "nv_inference_exec_count",
                 "Number of model executions (requests sent to a backend)",
                 mv,
             ),
-            nv_duration_us: counter(
-                &r,
+            nv_duration_us: triton_counter(
+                t,
                 "nv_inference_request_duration_us",
                 "Cumulative inference request duration in microseconds, as seen by the gateway",
                 mv,
             ),
-            nv_pending: gauge(
-                &r,
+            nv_pending: triton_gauge(
+                t,
                 "nv_inference_pending_request_count",
                 "Inference requests in the gateway, not yet answered",
                 mv,
@@ -210,7 +229,7 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(true)
     }
 }
 

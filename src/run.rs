@@ -72,7 +72,7 @@ pub async fn start_with_resolver(
         crate::tls::client_config(&config.fleet.tls)?,
     );
     let fleet = Arc::new(Fleet::new(&config, client, resolver));
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new(config.server.triton_metrics));
     let gateway = Arc::new(Gateway::new(
         config.clone(),
         fleet.clone(),

@@ -48,6 +48,10 @@ pub struct ServerConfig {
     /// Name reported in server metadata.
     #[serde(default = "default_server_name")]
     pub name: String,
+    /// Expose Triton's `nv_inference_*` series (their names predate Prometheus' naming
+    /// rules, so promtool's lint flags them).
+    #[serde(default = "default_true")]
+    pub triton_metrics: bool,
     /// TLS on the v2 listener; absent means plain HTTP.
     #[serde(default)]
     pub tls: Option<ServerTls>,
@@ -111,6 +115,7 @@ impl Default for ServerConfig {
             log_level: default_log_level(),
             log_format: LogFormat::Plain,
             name: default_server_name(),
+            triton_metrics: true,
             tls: None,
         }
     }
@@ -125,6 +130,10 @@ fn default_metrics_listen() -> SocketAddr {
 fn default_log_level() -> String {
     "info".into()
 }
+fn default_true() -> bool {
+    true
+}
+
 fn default_server_name() -> String {
     "tensorgate".into()
 }
