@@ -164,10 +164,19 @@ pub async fn infer(
     obs.queue = obs.queue.saturating_sub(obs.compute_input);
     let labels = gw.labels.load();
     let mut refused: Option<String> = None;
+    let mut refusal: Option<GatewayError> = None;
     loop {
-        let backend = gw
+        let backend = match gw
             .router
-            .route(&entry, model, &req.options, refused.as_deref())?;
+            .route(&entry, model, &req.options, refused.as_deref())
+        {
+            Ok(b) => b,
+            // The backend that refused was the only one: its error is the answer.
+            Err(e) => {
+                obs.retried_from = None;
+                return Err(refusal.unwrap_or(e));
+            }
+        };
         obs.backend = Some(backend.name.clone());
         let classifications = classification::plan(&req, &entry.metadata, &backend, &labels)?;
         match attempt.run(&backend, &classifications, obs).await {
@@ -188,6 +197,7 @@ pub async fn infer(
                 tracing::info!(backend = %backend.name, error = %f.error, "connection refused; retrying on another backend");
                 refused = Some(backend.key.clone());
                 obs.retried_from = Some(backend.name.clone());
+                refusal = Some(f.error);
             }
             Err(f)
                 if f.retryable

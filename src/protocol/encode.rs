@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::error::{ProtocolError, Result, Role};
+use super::error::{Result, Role};
 use super::json_write::write_data;
 use super::message::{InferRequest, InferResponse};
 use super::params::Parameters;
@@ -164,12 +164,8 @@ pub fn encode_response(resp: &InferResponse, binary: &[bool]) -> Result<EncodedB
         if i > 0 {
             out.push(b',');
         }
-        put_tensor(&mut out, &mut chunks, t, *b, Role::Output).map_err(|e| match e {
-            ProtocolError::Invalid(m) => ProtocolError::Invalid(format!(
-                "{m}; request this output with \"binary_data\": true"
-            )),
-            other => other,
-        })?;
+        // The only encoding error, BYTES that are not UTF-8, already says to ask for binary.
+        put_tensor(&mut out, &mut chunks, t, *b, Role::Output)?;
     }
     out.extend_from_slice(b"]}");
     Ok(finish(out, chunks))

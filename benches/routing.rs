@@ -1,0 +1,63 @@
+//! Cost of picking a backend for a sequence: Maglev lookups at 10, 100 and 1,000 backends,
+//! against rendezvous hashing (the O(N) alternative) for comparison, plus building a table.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use tensorgate::protocol::SequenceId;
+use tensorgate::routing::maglev::Maglev;
+use tensorgate::routing::sequence_key;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+fn members(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("http://10.0.{}.{}:8000", i / 250, i % 250))
+        .collect()
+}
+
+fn pick(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pick_backend");
+    for n in [10usize, 100, 1000] {
+        let names = members(n);
+        let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
+        let table = Maglev::new(&m);
+        let mut i = 0u64;
+        g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                // The whole routing step: hash (model, sequence id), then look up.
+                let key = sequence_key("accumulate", &SequenceId::Uint(black_box(i)));
+                black_box(table.lookup(key))
+            })
+        });
+        let hashes: Vec<u64> = names
+            .iter()
+            .map(|s| xxh3_64_with_seed(s.as_bytes(), 7))
+            .collect();
+        g.bench_with_input(BenchmarkId::new("rendezvous", n), &n, |b, _| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let key = sequence_key("accumulate", &SequenceId::Uint(black_box(i)));
+                black_box(
+                    hashes
+                        .iter()
+                        .enumerate()
+                        .max_by_key(|(_, h)| xxh3_64_with_seed(&key.to_le_bytes(), **h))
+                        .map(|(i, _)| i),
+                )
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("build_table");
+    g.sample_size(10);
+    for n in [10usize, 100] {
+        let names = members(n);
+        let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
+        g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
+            b.iter(|| black_box(Maglev::new(&m)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pick);
+criterion_main!(benches);
