@@ -290,10 +290,27 @@ async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
         },
         Err(e) => {
             tracing::warn!(backend = %h.name, error = ?e, "backend health check failed");
+            // Its models stay known, not ready: clients get a retryable 503 rather than a
+            // 404 that says the model does not exist.
+            let previous = h.state.load();
             BackendState {
                 reachable: false,
                 last_error: Some(format!("{e:?}")),
-                ..BackendState::default()
+                models: previous
+                    .models
+                    .iter()
+                    .map(|(n, m)| {
+                        (
+                            n.clone(),
+                            DiscoveredModel {
+                                metadata: m.metadata.clone(),
+                                ready: false,
+                            },
+                        )
+                    })
+                    .collect(),
+                capabilities: previous.capabilities,
+                server: previous.server.clone(),
             }
         }
     };

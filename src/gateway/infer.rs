@@ -224,6 +224,12 @@ impl Attempt<'_> {
         classifications: &[Classification],
         obs: &mut Observation,
     ) -> Result<Response<Body>, Failure> {
+        // A deadline already past (a `timeout` of a few microseconds) is not worth a trip to
+        // the backend. Nor is it left to the timer: tokio rounds deadlines up to the next
+        // millisecond and polls the request first, so a fast backend would beat it.
+        if Instant::now() >= self.deadline {
+            return Err(self.timeout().into());
+        }
         let caps = backend.capabilities();
         let in_process = backend.backend.in_process();
         // The client's own bytes go on unchanged when the backend handles all it asks.

@@ -152,6 +152,11 @@ impl Router {
 }
 
 #[cfg(test)]
+const GOLDEN_UINT: u64 = 1408428525561239483;
+#[cfg(test)]
+const GOLDEN_STRING: u64 = 5227969456568744064;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -171,8 +176,3 @@ mod tests {
         assert_ne!(sequence_key("other", &SequenceId::Uint(7)), GOLDEN_UINT);
     }
 }
-
-#[cfg(test)]
-const GOLDEN_UINT: u64 = 1408428525561239483;
-#[cfg(test)]
-const GOLDEN_STRING: u64 = 5227969456568744064;

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Runs the whole benchmark set and rewrites BENCHMARKS.md. See bench/README.md.
+# Usage: bench/run.sh [SECONDS_PER_RUN]   (default 10; the whole set takes about 10 minutes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DUR=${1:-10}
+OUT=$ROOT/bench/out
+rm -rf "$OUT"; mkdir -p "$OUT"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+need=""
+for tool in wrk nginx taskset; do command -v $tool >/dev/null || need="$need $tool"; done
+if [ -n "$need" ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light util-linux
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q -r tests/interop/requirements.txt
+fi
+
+echo "== building (release)"
+cargo build --release --locked -q
+BIN=$ROOT/target/release/tensorgate
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {
+  for _ in $(seq 1 300); do
+    curl -sf "$1" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "not ready: $1" >&2; return 1
+}
+# Proxies run on core 0, the backend and wrk on core 1, each proxy single-threaded.
+start_bg() { "$@" & PIDS+=($!); LAST=$!; }
+
+W=$(free_port); start_bg env TOKIO_WORKER_THREADS=1 taskset -c 1 "$BIN" worker --listen 127.0.0.1:$W
+WORKER_PID=$LAST
+G=$(free_port); GM=$(free_port)
+start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --metrics-listen 127.0.0.1:$GM --backend http://127.0.0.1:$W
+GW_PID=$LAST
+N=$(free_port); NH=$(free_port)
+mkdir -p "$OUT/nginx"
+cat > "$OUT/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $OUT/nginx/error.log warn;
+pid $OUT/nginx/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/nginx/body;
+  proxy_temp_path $OUT/nginx/proxy;
+  client_max_body_size 128m;
+  client_body_buffer_size 32m;
+  proxy_buffers 64 256k;
+  upstream be { server 127.0.0.1:$W; keepalive 128; }
+  upstream be_hash { hash \$http_x_sequence_id consistent; server 127.0.0.1:$W; keepalive 128; }
+  server {
+    listen 127.0.0.1:$N;
+    location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+  server {
+    listen 127.0.0.1:$NH;
+    location / { proxy_pass http://be_hash; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGINX
+start_bg taskset -c 0 nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" -g 'daemon off;'
+wait_ready "http://127.0.0.1:$W/v2/health/ready"
+wait_ready "http://127.0.0.1:$G/v2/health/ready"
+wait_ready "http://127.0.0.1:$N/v2/health/ready"
+sleep 0.5
+IDLE_RSS_KB=$(awk '/VmRSS/ {print $2}' /proc/$GW_PID/status)
+
+# wrk_run NAME URL CONNECTIONS SCRIPT [env...] -> appends "name rps p50 p99" to results
+wrk_run() {
+  local name=$1 url=$2 conns=$3 script=$4; shift 4
+  env "$@" taskset -c 1 wrk -t1 -c"$conns" -d"${DUR}s" --latency -s "bench/$script" "$url" > "$OUT/$name.txt" 2>&1
+  local rps p50 p99 errors
+  rps=$(awk '/Requests\/sec/ {print $2}' "$OUT/$name.txt")
+  p50=$(awk '$1=="50%" {print $2}' "$OUT/$name.txt")
+  p99=$(awk '$1=="99%" {print $2}' "$OUT/$name.txt")
+  errors=$(grep -E "Non-2xx|Socket errors" "$OUT/$name.txt" | tr '\n' ' ' || true)
+  echo "$name $rps $p50 $p99 ${errors:-none}" >> "$OUT/results.txt"
+  echo "   $name: $rps req/s p50 $p50 p99 $p99 ${errors}"
+}
+
+echo "== 1. proxy overhead (small JSON infer of simple, 32 connections, ${DUR}s each)"
+INFER=/v2/models/simple/infer
+wrk_run direct "http://127.0.0.1:$W$INFER" 32 simple.lua SEQ=0
+wrk_run nginx "http://127.0.0.1:$N$INFER" 32 simple.lua SEQ=0
+wrk_run tensorgate "http://127.0.0.1:$G$INFER" 32 simple.lua SEQ=0
+wrk_run direct_seq "http://127.0.0.1:$W$INFER" 32 simple.lua SEQ=1
+wrk_run nginx_seq "http://127.0.0.1:$NH$INFER" 32 simple.lua SEQ=1
+wrk_run tensorgate_seq "http://127.0.0.1:$G$INFER" 32 simple.lua SEQ=1
+
+echo "== 2. large tensors (FP32, 1M elements; 16 MB pass-through)"
+HEADERS=$(.venv/bin/python bench/make_bodies.py "$OUT/bodies")
+hl() { .venv/bin/python -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$HEADERS" "$1"; }
+ID=/v2/models/identity_fp32/infer
+wrk_run large_json_to_binary "http://127.0.0.1:$G$ID" 4 body.lua BODY_FILE="$OUT/bodies/fp32_1m_json_to_binary.json" IHCL=
+wrk_run large_binary_to_json "http://127.0.0.1:$G$ID" 4 body.lua BODY_FILE="$OUT/bodies/fp32_1m_binary_to_json.bin" IHCL="$(hl binary_to_json)"
+wrk_run large_passthrough_tensorgate "http://127.0.0.1:$G$ID" 4 body.lua BODY_FILE="$OUT/bodies/fp32_4m_passthrough.bin" IHCL="$(hl passthrough)"
+wrk_run large_passthrough_nginx "http://127.0.0.1:$N$ID" 4 body.lua BODY_FILE="$OUT/bodies/fp32_4m_passthrough.bin" IHCL="$(hl passthrough)"
+wrk_run large_passthrough_direct "http://127.0.0.1:$W$ID" 4 body.lua BODY_FILE="$OUT/bodies/fp32_4m_passthrough.bin" IHCL="$(hl passthrough)"
+
+echo "== 4. memory under 256 concurrent 1 MB binary requests"
+wrk_run memory_256x1mb "http://127.0.0.1:$G/v2/models/identity_uint8/infer" 256 body.lua BODY_FILE="$OUT/bodies/uint8_1mb.bin" IHCL="$(hl uint8_1mb)"
+PEAK_RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$GW_PID/status)
+kill $GW_PID $WORKER_PID 2>/dev/null || true
+
+echo "== 3. MLServer end to end (tritonclient, 4 threads)"
+MLS=$(free_port)
+MLDIR=$(mktemp -d)
+cp -r tests/interop/mlserver_models/. "$MLDIR/"
+start_bg env MLSERVER_HTTP_PORT=$MLS MLSERVER_GRPC_PORT=$(free_port) MLSERVER_METRICS_PORT=$(free_port) \
+  MLSERVER_PARALLEL_WORKERS=0 MLSERVER_HOST=127.0.0.1 taskset -c 1 .venv/bin/mlserver start "$MLDIR" > "$OUT/mlserver.log" 2>&1
+for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$MLS/v2/models/simple/ready" >/dev/null 2>&1 && break; sleep 0.2; done
+G2=$(free_port)
+start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G2 --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$MLS
+wait_ready "http://127.0.0.1:$G2/v2/models/simple/ready"
+MLRES=$(.venv/bin/python bench/mlserver_e2e.py 127.0.0.1:$MLS 127.0.0.1:$G2 "$DUR")
+echo "   $MLRES"
+
+echo "== 5. micro-benchmarks (criterion)"
+for b in codec routing classify; do
+  [ -f benches/$b.rs ] && cargo bench --locked -q --bench $b -- --warm-up-time 1 --measurement-time 3 > "$OUT/criterion_$b.txt" 2>&1 || true
+done
+
+.venv/bin/python bench/render.py "$OUT" "$DUR" "$IDLE_RSS_KB" "$PEAK_RSS_KB" "$MLRES" > BENCHMARKS.md
+echo "== wrote BENCHMARKS.md"

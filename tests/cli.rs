@@ -1,0 +1,350 @@
+//! The real binary: help texts, check-config, a bad worker model list, and a worker with a
+//! gateway in front of it, both stopped with SIGTERM.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensorgate");
+
+fn tensorgate(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[track_caller]
+fn assert_mentions(out: &Output, words: &[&str]) {
+    assert!(out.status.success(), "{out:?}");
+    let s = text(&out.stdout);
+    for w in words {
+        assert!(s.contains(w), "help does not mention {w}:\n{s}");
+    }
+}
+
+#[test]
+fn help_texts_mention_every_documented_flag() {
+    assert_mentions(
+        &tensorgate(&["--help"]),
+        &["serve", "worker", "check-config"],
+    );
+    assert_mentions(
+        &tensorgate(&["serve", "--help"]),
+        &["--config", "--listen", "--metrics-listen", "--backend"],
+    );
+    assert_mentions(
+        &tensorgate(&["worker", "--help"]),
+        &["--listen", "--models"],
+    );
+    assert_mentions(&tensorgate(&["check-config", "--help"]), &["FILE"]);
+    let v = tensorgate(&["--version"]);
+    assert!(v.status.success());
+    assert!(text(&v.stdout).contains(env!("CARGO_PKG_VERSION")));
+    // No subcommand is a usage error.
+    assert!(!tensorgate(&[]).status.success());
+}
+
+#[test]
+fn check_config_accepts_the_example() {
+    let out = tensorgate(&["check-config", "config/tensorgate.toml"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "config/tensorgate.toml: ok");
+}
+
+/// Writes `contents` to a file of its own under the target's temp dir.
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn check_config_reports_errors_with_line_numbers() {
+    // An unknown key stops parsing: it is the error reported, with its line.
+    let path = temp_file(
+        "unknown-key.toml",
+        "[server]\nlisten = \"0.0.0.0:1\"\nlisen = 3\n\n[[backends]]\nname = \"a\"\nurl = \"ftp://x:1\"\n",
+    );
+    let p = path.to_str().unwrap();
+    let out = tensorgate(&["check-config", p]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{p}:3: unknown field `lisen`")),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    // Checks after parsing report every error, each with its line.
+    let path = temp_file(
+        "bad-backends.toml",
+        "[[backends]]\nname = \"a\"\nurl = \"ftp://x:1\"\n\n[[backends]]\nname = \"a\"\nurl = \"http://h:1/v2\"\n",
+    );
+    let p = path.to_str().unwrap();
+    let out = tensorgate(&["check-config", p]);
+    assert!(!out.status.success());
+    let lines: Vec<String> = text(&out.stderr).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    // The list of accepted schemes may grow; the start of the message is stable.
+    assert!(
+        lines[0].starts_with(&format!(
+            "{p}:3: backend url 'ftp://x:1' must start with http://"
+        )),
+        "{lines:?}"
+    );
+    assert!(lines[0].ends_with("(or be the word builtin)"), "{lines:?}");
+    assert_eq!(lines[1], format!("{p}:6: duplicate backend name 'a'"));
+    assert_eq!(
+        lines[2],
+        format!("{p}:7: backend url 'http://h:1/v2' must not have a path")
+    );
+
+    // A missing file.
+    let out = tensorgate(&["check-config", "/nonexistent/tensorgate.toml"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr)
+            .starts_with("/nonexistent/tensorgate.toml: cannot read /nonexistent/tensorgate.toml:"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn worker_refuses_unknown_models() {
+    let out = tensorgate(&["worker", "--models", "simple,nope"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    let all = tensorgate::models::builtin_names().join(", ");
+    assert_eq!(
+        err.trim(),
+        format!("unknown built-in model 'nope'; the built-in models are {all}")
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_backend_url() {
+    let out = tensorgate(&["serve", "--listen", "127.0.0.1:0", "--backend", "ftp://x:1"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("--backend: backend url 'ftp://x:1' must start with http://"),
+        "{err}"
+    );
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A child process that is killed if the test ends without stopping it.
+struct Proc {
+    child: Option<Child>,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, args: &[&str]) -> Proc {
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cli-{}-{name}.log", std::process::id()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("the binary starts");
+        Proc {
+            child: Some(child),
+            name,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit.
+    fn terminate(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("still running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit after SIGTERM; log:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails if the process has already exited.
+    fn assert_running(&mut self) {
+        if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!("{} exited early with {s}; log:\n{}", self.name, self.log());
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `url` until it answers 200 (bounded in count and time).
+async fn wait_ready(client: &reqwest::Client, url: &str, procs: &mut [&mut Proc]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for _ in 0..1200 {
+        for p in procs.iter_mut() {
+            p.assert_running();
+        }
+        if let Ok(r) = client.get(url).send().await {
+            if r.status().as_u16() == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{url} never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} never became ready");
+}
+
+#[tokio::test]
+async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
+    let worker_port = free_port();
+    let worker_addr = format!("127.0.0.1:{worker_port}");
+    let mut worker = Proc::spawn(
+        "worker",
+        &[
+            "worker",
+            "--listen",
+            &worker_addr,
+            "--models",
+            "simple,accumulate",
+        ],
+    );
+    let client = client();
+    wait_ready(
+        &client,
+        &format!("http://{worker_addr}/v2/health/ready"),
+        &mut [&mut worker],
+    )
+    .await;
+
+    let gw_addr = format!("127.0.0.1:{}", free_port());
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let mut gateway = Proc::spawn(
+        "gateway",
+        &[
+            "serve",
+            "--listen",
+            &gw_addr,
+            "--metrics-listen",
+            &metrics_addr,
+            "--backend",
+            &format!("http://{worker_addr}"),
+        ],
+    );
+    wait_ready(
+        &client,
+        &format!("http://{gw_addr}/v2/health/ready"),
+        &mut [&mut worker, &mut gateway],
+    )
+    .await;
+
+    // One inference through both processes.
+    let a: Vec<i32> = (0..16).collect();
+    let b: Vec<i32> = vec![5; 16];
+    let resp = client
+        .post(format!("http://{gw_addr}/v2/models/simple/infer"))
+        .json(&simple_request(&a, &b))
+        .send()
+        .await
+        .unwrap();
+    let r = Reply::read(resp).await;
+    assert_eq!(r.header("x-tensorgate-backend"), Some("backend-0"));
+    let out = r.decode();
+    assert_eq!(
+        int32s(output(&out, "OUTPUT0")),
+        a.iter().map(|v| v + 5).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        int32s(output(&out, "OUTPUT1")),
+        a.iter().map(|v| v - 5).collect::<Vec<_>>()
+    );
+    // The worker serves only the models it was given.
+    let resp = client
+        .post(format!("http://{gw_addr}/v2/repository/index"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let index: serde_json::Value = resp.json().await.unwrap();
+    let mut names: Vec<&str> = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["accumulate", "simple"]);
+    // The metrics listener counts the inference.
+    let metrics = client
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status().as_u16(), 200);
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("nv_inference_request_success{")
+                && l.contains("model=\"simple\"")),
+        "{metrics}"
+    );
+    drop(client);
+
+    let status = gateway.terminate();
+    assert!(
+        status.success(),
+        "gateway: {status}; log:\n{}",
+        gateway.log()
+    );
+    let status = worker.terminate();
+    assert!(status.success(), "worker: {status}; log:\n{}", worker.log());
+}
