@@ -1,0 +1,639 @@
+//! Fleet routing end to end: real `tensorgate worker` processes behind gateways (in-process
+//! or `tensorgate serve` processes). Sequence affinity across replicas, membership changes
+//! (reload, a dead worker, DNS), the `timeout` parameter, the pin table, and config reloads.
+
+mod common_fleet;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common_fleet::*;
+use serde_json::json;
+use tensorgate::protocol::SequenceId;
+use tensorgate::routing::sequence_key;
+use tensorgate::run::Running;
+
+const SEQ_MODELS: &[&str] = &["simple", "accumulate"];
+
+/// The names of the backends that have `model` ready, from the gateway's catalog.
+fn ready_backends(gw: &Running, model: &str) -> BTreeSet<String> {
+    gw.gateway
+        .fleet
+        .catalog()
+        .get(model)
+        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn backend_names(gw: &Running) -> BTreeSet<String> {
+    gw.gateway
+        .fleet
+        .backends()
+        .iter()
+        .map(|h| h.name.clone())
+        .collect()
+}
+
+/// Sends `simple` requests until every backend in `want` has served one (at most `tries`);
+/// every request must succeed. Returns the backends seen.
+async fn simple_until_seen(
+    client: &reqwest::Client,
+    base: &str,
+    want: &BTreeSet<String>,
+    tries: i32,
+) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for x in 0..tries {
+        let r = infer_simple(client, base, x).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.output_int("OUTPUT0"), Some(x as i64 + 1), "{r:?}");
+        seen.insert(r.backend.expect("the backend header"));
+        if want.is_subset(&seen) {
+            break;
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequences_keep_one_backend_across_three_replicas() {
+    let workers = Worker::start_many(3, SEQ_MODELS).await;
+    let refs: Vec<&Worker> = workers.iter().collect();
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        // Same backend names and URLs on every replica: the hash must agree.
+        gateways.push(start_gateway(gateway_config(&refs, "refresh_interval_ms = 200")).await);
+    }
+    let bases: Vec<String> = gateways.iter().map(base).collect();
+
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0001);
+    let seqs: Vec<Seq> = (1..=300)
+        .map(|id| Seq::new(id, rng.usize(3..=6), &mut rng))
+        .collect();
+    let total_requests: usize = seqs.iter().map(|s| s.values.len()).sum();
+    // Each request goes to a random replica; Seq::step checks every running sum and that
+    // every request of a sequence was served by the backend of its first.
+    let done = drive(seqs, &bases, 6, 0x5eed_0002, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    assert_eq!(done.len(), 300);
+    let mut per_backend: BTreeMap<String, usize> = BTreeMap::new();
+    let mut served = 0;
+    for s in &done {
+        assert!(s.done(), "sequence {} did not finish", s.id);
+        served += s.served_by.len();
+        *per_backend.entry(s.backend.clone().unwrap()).or_default() += 1;
+    }
+    assert_eq!(served, total_requests);
+    // The test is only worth something if sequences really hop between replicas.
+    let hopping = done
+        .iter()
+        .filter(|s| s.via.iter().collect::<BTreeSet<_>>().len() > 1)
+        .count();
+    assert!(
+        hopping >= 250,
+        "only {hopping} sequences used more than one replica"
+    );
+    let names: BTreeSet<String> = workers.iter().map(|w| w.name.clone()).collect();
+    assert_eq!(
+        per_backend.keys().cloned().collect::<BTreeSet<_>>(),
+        names,
+        "the hash spreads sequences over all workers: {per_backend:?}"
+    );
+
+    for g in gateways {
+        g.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_added_by_reload_takes_new_sequences_while_live_ones_stay() {
+    let workers = Worker::start_many(4, SEQ_MODELS).await;
+    let fleet = "refresh_interval_ms = 200";
+    let first3: Vec<&Worker> = workers[..3].iter().collect();
+    let all4: Vec<&Worker> = workers.iter().collect();
+    let gw = start_gateway(gateway_config(&first3, fleet)).await;
+    let bases = vec![base(&gw)];
+
+    // 60 live sequences: a start and one more request each, before the reload.
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0003);
+    let live: Vec<Seq> = (1..=60).map(|id| Seq::new(id, 5, &mut rng)).collect();
+    let live = drive(live, &bases, 3, 0x5eed_0004, 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(live.iter().all(|s| s.next == 2));
+    assert_eq!(gw.gateway.router.pins.len(), 60);
+
+    gw.reload(gateway_config(&all4, fleet))
+        .await
+        .expect("the reload applies");
+    assert_eq!(
+        ready_backends(&gw, "accumulate"),
+        workers.iter().map(|w| w.name.clone()).collect(),
+        "the reload refreshes the new worker before returning"
+    );
+
+    // Only the pins keep some of them in place: by the new table they belong elsewhere.
+    let catalog = gw.gateway.fleet.catalog();
+    let entry = catalog.get("accumulate").unwrap();
+    let moved = live
+        .iter()
+        .filter(|s| {
+            let key = sequence_key("accumulate", &SequenceId::Uint(s.id));
+            let owner = &entry.ready[entry.maglev.lookup(key).unwrap()].name;
+            Some(owner) != s.backend.as_ref()
+        })
+        .count();
+    assert!(
+        moved > 0,
+        "some live sequences hash to another backend after the reload"
+    );
+
+    // The live sequences finish, interleaved with 100 new ones.
+    let fresh: Vec<Seq> = (1001..=1100).map(|id| Seq::new(id, 3, &mut rng)).collect();
+    let mut all = live.clone();
+    all.extend(fresh);
+    let done = drive(all, &bases, 4, 0x5eed_0005, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for s in &done {
+        assert!(s.done(), "sequence {} did not finish", s.id);
+    }
+    for (before, after) in live.iter().zip(done.iter().filter(|s| s.id <= 60)) {
+        assert_eq!(before.id, after.id);
+        assert_eq!(
+            before.backend, after.backend,
+            "live sequence {} moved",
+            before.id
+        );
+        assert_ne!(after.backend.as_deref(), Some("w3"));
+    }
+    let on_new = done
+        .iter()
+        .filter(|s| s.id > 1000 && s.backend.as_deref() == Some("w3"))
+        .count();
+    assert!(on_new > 0, "no new sequence reached the added worker");
+    // Every sequence ended on this one replica, so no pin is left.
+    assert_eq!(gw.gateway.router.pins.len(), 0);
+
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_worker_loses_only_its_own_sequences() {
+    let mut workers = Worker::start_many(3, SEQ_MODELS).await;
+    let gw = {
+        let refs: Vec<&Worker> = workers.iter().collect();
+        start_gateway(gateway_config(&refs, "refresh_interval_ms = 200")).await
+    };
+    let b = base(&gw);
+    let client = http_client();
+
+    // Warm up, so the gateway holds pooled connections to the workers.
+    for x in 0..30 {
+        let r = infer_simple(&client, &b, x).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0006);
+    let seqs: Vec<Seq> = (1..=60).map(|id| Seq::new(id, 4, &mut rng)).collect();
+    let seqs = drive(seqs, std::slice::from_ref(&b), 3, 0x5eed_0007, 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let victim_name = seqs[0].backend.clone().unwrap();
+    let victim = workers.iter().position(|w| w.name == victim_name).unwrap();
+    let victim_url = workers[victim].url.clone();
+    workers[victim].process.kill();
+
+    // Outside a sequence nothing fails, not even right after the kill: a refused connection
+    // is retried on another backend.
+    for x in 0..40 {
+        let r = infer_simple(&client, &b, x).await;
+        assert_eq!(r.status, 200, "request {x} after the kill: {r:?}");
+        assert_eq!(r.output_int("OUTPUT0"), Some(x as i64 + 1));
+        assert_ne!(r.backend.as_deref(), Some(victim_name.as_str()));
+    }
+
+    // Sequences pinned to the dead worker are lost, with a 503 that says so: half of them
+    // right away (the gateway may still list the worker), half once the refresh has dropped
+    // it from the catalog.
+    let (lost, survivors): (Vec<Seq>, Vec<Seq>) = seqs
+        .into_iter()
+        .partition(|s| s.backend.as_deref() == Some(victim_name.as_str()));
+    assert!(lost.len() >= 2, "too few sequences on the victim to test");
+    assert!(!survivors.is_empty());
+    let expect_lost = |s: Seq| {
+        let (client, b, victim_url) = (client.clone(), b.clone(), victim_url.clone());
+        async move {
+            let r = accumulate(&client, &b, s.id, false, false, s.values[2]).await;
+            assert_eq!(r.status, 503, "sequence {}: {r:?}", s.id);
+            let want = format!(
+                "the backend of sequence {} of model 'accumulate' ({victim_url}) is unavailable; the sequence's state is lost",
+                s.id
+            );
+            assert_eq!(r.error(), Some(want.as_str()), "{r:?}");
+        }
+    };
+    let (early, late) = lost.split_at(lost.len() / 2);
+    for s in early {
+        expect_lost(s.clone()).await;
+    }
+
+    // Every other sequence completes correctly on its own backend.
+    let survivors_count = survivors.len();
+    let done = drive(
+        survivors,
+        std::slice::from_ref(&b),
+        3,
+        0x5eed_0008,
+        usize::MAX,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.len(), survivors_count);
+    assert!(done.iter().all(Seq::done));
+
+    // New sequences avoid the dead worker.
+    let fresh: Vec<Seq> = (2001..=2040).map(|id| Seq::new(id, 3, &mut rng)).collect();
+    let fresh = drive(fresh, std::slice::from_ref(&b), 2, 0x5eed_0009, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for s in &fresh {
+        assert!(s.done());
+        assert_ne!(s.backend.as_deref(), Some(victim_name.as_str()));
+    }
+
+    // The refresh drops the dead worker from the catalog; requests keep succeeding.
+    let gwr = &gw;
+    let vn = victim_name.clone();
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let vn = vn.clone();
+            async move {
+                let ready = ready_backends(gwr, "simple");
+                ready.len() == 2 && !ready.contains(&vn)
+            }
+        })
+        .await,
+        "the dead worker stays in the catalog"
+    );
+    for x in 0..20 {
+        let r = infer_simple(&client, &b, x).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    for s in late {
+        expect_lost(s.clone()).await;
+    }
+    // A lost sequence can start over, on a live worker.
+    let restarted: Vec<Seq> = lost.iter().map(|s| Seq::new(s.id, 3, &mut rng)).collect();
+    let restarted = drive(
+        restarted,
+        std::slice::from_ref(&b),
+        2,
+        0x5eed_000a,
+        usize::MAX,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    for s in &restarted {
+        assert!(s.done());
+        assert_ne!(s.backend.as_deref(), Some(victim_name.as_str()));
+    }
+    assert_eq!(gw.gateway.router.pins.len(), 0);
+    let r = client
+        .get(format!("{b}/v2/health/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    drop(client);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dns_discovery_follows_the_addresses_of_a_name() {
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let port = free_port_on_all(&ips);
+    let mut workers = Vec::new();
+    for ip in ips {
+        workers.push(Worker::start(ip, ip, port, &["simple"]).await);
+    }
+    let resolver = MutableResolver::default();
+    resolver.set("workers.test", &ips[..2]);
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\n\
+         [fleet]\nrefresh_interval_ms = 200\ndns_interval_ms = 200\n\n\
+         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
+    );
+    let gw = tensorgate::run::start_with_resolver(
+        parse_config(&text),
+        false,
+        Arc::new(resolver.clone()),
+    )
+    .await
+    .expect("the gateway starts");
+    let b = base(&gw);
+    let client = http_client();
+    let name = |ip: &str| format!("pool/{ip}:{port}");
+    let set = |list: &[&str]| list.iter().map(|ip| name(ip)).collect::<BTreeSet<_>>();
+
+    assert_eq!(backend_names(&gw), set(&ips[..2]));
+    let keys: BTreeSet<String> = gw
+        .gateway
+        .fleet
+        .backends()
+        .iter()
+        .map(|h| h.key.clone())
+        .collect();
+    assert_eq!(
+        keys,
+        ips[..2]
+            .iter()
+            .map(|ip| format!("http://{ip}:{port}"))
+            .collect()
+    );
+    assert_eq!(ready_backends(&gw, "simple"), set(&ips[..2]));
+    let seen = simple_until_seen(&client, &b, &set(&ips[..2]), 300).await;
+    assert_eq!(seen, set(&ips[..2]), "traffic reaches both addresses");
+
+    // A third address appears in DNS: it becomes a backend and takes traffic.
+    resolver.set("workers.test", &ips);
+    let gwr = &gw;
+    let all = set(&ips);
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let all = all.clone();
+            async move { backend_names(gwr) == all && ready_backends(gwr, "simple") == all }
+        })
+        .await,
+        "the new address did not become a ready backend: {:?}",
+        backend_names(&gw)
+    );
+    let seen = simple_until_seen(&client, &b, &set(&ips[2..]), 300).await;
+    assert!(
+        seen.contains(&name(ips[2])),
+        "traffic reaches the new address"
+    );
+
+    // An address that leaves DNS stops being a backend.
+    resolver.set("workers.test", &ips[1..]);
+    let rest = set(&ips[1..]);
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let rest = rest.clone();
+            async move { backend_names(gwr) == rest && ready_backends(gwr, "simple") == rest }
+        })
+        .await,
+        "the removed address is still a backend: {:?}",
+        backend_names(&gw)
+    );
+    for x in 0..30 {
+        let r = infer_simple(&client, &b, x).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_ne!(r.backend, Some(name(ips[0])));
+    }
+
+    drop(client);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_parameter_bounds_a_forwarded_request() {
+    let workers = Worker::start_many(1, &["simple"]).await;
+    let gw = start_gateway(gateway_config(
+        &workers.iter().collect::<Vec<_>>(),
+        "refresh_interval_ms = 200",
+    ))
+    .await;
+    let b = base(&gw);
+    let client = http_client();
+
+    // One microsecond: no HTTP backend answers that fast.
+    let r = post_infer(
+        &client,
+        &b,
+        "simple",
+        &simple_body(1, Some(json!({ "timeout": 1 }))),
+    )
+    .await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.error(), Some("the request to model 'simple' timed out"));
+
+    // Ten seconds is plenty.
+    let r = post_infer(
+        &client,
+        &b,
+        "simple",
+        &simple_body(1, Some(json!({ "timeout": 10_000_000 }))),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.output_int("OUTPUT0"), Some(2));
+    assert_eq!(r.backend.as_deref(), Some("w0"));
+
+    // The same holds for the in-process models, which answer on their first poll.
+    let local = start_gateway(parse_config(&gateway_toml(
+        &[("builtin", "builtin")],
+        "refresh_interval_ms = 200",
+    )))
+    .await;
+    let body = simple_body(1, Some(json!({ "timeout": 1 })));
+    let r = post_infer(&client, &base(&local), "simple", &body).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.error(), Some("the request to model 'simple' timed out"));
+
+    drop(client);
+    gw.shutdown().await;
+    local.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pin_table_is_capped_expires_idle_pins_and_drops_ended_ones() {
+    const IDLE: Duration = Duration::from_millis(3_000);
+    let workers = Worker::start_many(2, SEQ_MODELS).await;
+    let gw = start_gateway(gateway_config(
+        &workers.iter().collect::<Vec<_>>(),
+        &format!(
+            "refresh_interval_ms = 200\nmax_sequences = 2\nsequence_idle_timeout_ms = {}",
+            IDLE.as_millis()
+        ),
+    ))
+    .await;
+    let b = base(&gw);
+    let client = http_client();
+    let pins = &gw.gateway.router.pins;
+    let pinned = |id: u64| pins.get("accumulate", &SequenceId::Uint(id));
+    let mut backend_of: BTreeMap<u64, String> = BTreeMap::new();
+    let send = |id: u64, start: bool, end: bool, v: i32, want: i32| {
+        let client = client.clone();
+        let b = b.clone();
+        async move {
+            let r = accumulate(&client, &b, id, start, end, v).await;
+            assert_eq!(r.status, 200, "sequence {id}: {r:?}");
+            assert_eq!(r.output_int("OUTPUT0"), Some(want as i64), "sequence {id}");
+            (id, r.backend.unwrap())
+        }
+    };
+    let mut same_backend = |(id, backend): (u64, String)| {
+        let first = backend_of.entry(id).or_insert_with(|| backend.clone());
+        assert_eq!(*first, backend, "sequence {id} moved");
+    };
+
+    same_backend(send(1, true, false, 1, 1).await);
+    same_backend(send(2, true, false, 2, 2).await);
+    assert_eq!(pins.len(), 2);
+
+    // The table is full: sequence 3 is served, routed by the hash alone, and not pinned.
+    same_backend(send(3, true, false, 3, 3).await);
+    assert_eq!(pins.len(), 2);
+    same_backend(send(3, false, false, 4, 7).await);
+    assert_eq!(pins.len(), 2);
+    assert_eq!(pinned(3), None);
+
+    // sequence_end removes the pin.
+    same_backend(send(1, false, true, 10, 11).await);
+    assert_eq!(pins.len(), 1);
+    assert_eq!(pinned(1), None);
+    same_backend(send(4, true, false, 4, 4).await);
+    assert_eq!(pins.len(), 2);
+
+    // After the idle timeout, the pins of 2 and 4 make room for a new sequence.
+    tokio::time::sleep(IDLE + Duration::from_millis(500)).await;
+    same_backend(send(5, true, false, 5, 5).await);
+    assert_eq!(pins.len(), 1, "idle pins were not dropped to make room");
+    assert!(pinned(5).is_some());
+
+    // Sequence 2 lost its pin but not its state: the hash finds its backend again.
+    same_backend(send(2, false, false, 5, 7).await);
+    assert_eq!(pins.len(), 2);
+    same_backend(send(2, false, true, 1, 8).await);
+    same_backend(send(3, false, true, 1, 8).await);
+    same_backend(send(4, false, true, 1, 5).await);
+    same_backend(send(5, false, true, 1, 6).await);
+    assert_eq!(pins.len(), 0);
+
+    drop(client);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_changes_and_sighup_reload_a_gateway_process() {
+    let wa = Worker::start("a", "127.0.0.1", 0, &["simple"]).await;
+    let wb = Worker::start("b", "127.0.0.1", 0, &["simple", "classifier"]).await;
+    let wc = Worker::start("c", "127.0.0.1", 0, &["simple", "accumulate"]).await;
+    let dir = TempDir::new("reload");
+    let client = http_client();
+
+    // A gateway that watches its config file.
+    let watched = dir.path("watched.toml");
+    let fleet = "refresh_interval_ms = 200\nwatch_config = true";
+    write_atomically(&watched, &gateway_toml(&[("a", &wa.url)], fleet));
+    // A gateway that only reloads on SIGHUP.
+    let hup = dir.path("hup.toml");
+    let fleet_hup = "refresh_interval_ms = 200\nwatch_config = false";
+    write_atomically(&hup, &gateway_toml(&[("a", &wa.url)], fleet_hup));
+    let g1 = GatewayProcess::start(&watched, dir.path("watched.log")).await;
+    let g2 = GatewayProcess::start(&hup, dir.path("hup.log")).await;
+    for g in [&g1, &g2] {
+        assert_eq!(ready_models(&client, &g.base).await, vec!["simple"]);
+    }
+
+    write_atomically(
+        &watched,
+        &gateway_toml(&[("a", &wa.url), ("b", &wb.url)], fleet),
+    );
+    let (c, base1) = (&client, g1.base.as_str());
+    assert!(
+        eventually(150, Duration::from_millis(100), || async move {
+            ready_models(c, base1)
+                .await
+                .contains(&"classifier".to_string())
+        })
+        .await,
+        "the file change was not picked up; log:\n{}",
+        g1.log_text()
+    );
+    let seen = simple_until_seen(&client, &g1.base, &["b".to_string()].into(), 200).await;
+    assert!(seen.contains("b"), "the added backend takes traffic");
+
+    write_atomically(
+        &hup,
+        &gateway_toml(&[("a", &wa.url), ("c", &wc.url)], fleet_hup),
+    );
+    // The SIGHUP handler is installed just after the listener starts; give it a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = std::process::Command::new("kill")
+        .arg("-HUP")
+        .arg(g2.process.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let base2 = g2.base.as_str();
+    assert!(
+        eventually(150, Duration::from_millis(100), || async move {
+            ready_models(c, base2)
+                .await
+                .contains(&"accumulate".to_string())
+        })
+        .await,
+        "SIGHUP did not reload the config; log:\n{}",
+        g2.log_text()
+    );
+    let r = accumulate(&client, &g2.base, 9, true, true, 5).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.backend.as_deref(), Some("c"));
+    assert!(
+        eventually(50, Duration::from_millis(100), || async {
+            g2.log_text().contains("trigger=\"SIGHUP\"")
+        })
+        .await,
+        "log:\n{}",
+        g2.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_is_not_undone_by_a_dns_rediscovery_running_meanwhile() {
+    let pooled = Worker::start("pooled", "127.0.0.2", 0, &["simple"]).await;
+    let fixed = Worker::start("fixed", "127.0.0.1", 0, &["simple"]).await;
+    // Accepts connections (the kernel does) and never answers: probing it takes the whole
+    // probe timeout, so the reload's refresh lasts that long.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let resolver = MutableResolver::default();
+    resolver.set("workers.test", &["127.0.0.2"]);
+    let fleet = "refresh_interval_ms = 200\ndns_interval_ms = 100\nprobe_timeout_ms = 1000";
+    let dns = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[fleet]\n{fleet}\n\n\
+         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{}\"\ndiscovery = \"dns\"\n",
+        pooled.port
+    );
+    let gw = tensorgate::run::start_with_resolver(parse_config(&dns), false, Arc::new(resolver))
+        .await
+        .expect("the gateway starts");
+    let pool_name = format!("pool/127.0.0.2:{}", pooled.port);
+    assert_eq!(backend_names(&gw), [pool_name.clone()].into());
+
+    // Replace the DNS backend with two static ones.
+    let static_only = gateway_toml(&[("fixed", &fixed.url), ("silent", &silent_url)], fleet);
+    gw.reload(parse_config(&static_only))
+        .await
+        .expect("the reload applies");
+    let want: BTreeSet<String> = ["fixed".to_string(), "silent".to_string()].into();
+    assert_eq!(backend_names(&gw), want, "the reload was undone");
+    // Still so after a few DNS intervals and refreshes; traffic goes to the new backend.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(backend_names(&gw), want, "the reload was undone");
+    let client = http_client();
+    for x in 0..10 {
+        let r = infer_simple(&client, &base(&gw), x).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.backend.as_deref(), Some("fixed"));
+    }
+    drop(client);
+    drop(silent);
+    gw.shutdown().await;
+}
