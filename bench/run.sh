@@ -35,9 +35,12 @@ wait_ready() {
   echo "not ready: $1" >&2; return 1
 }
 # Proxies run on core 0, the backend and wrk on core 1, each proxy single-threaded.
-start_bg() { "$@" & PIDS+=($!); LAST=$!; }
+# Access logs are off for every process (RUST_LOG=warn, nginx access_log off): the bench
+# measures proxying, not log writing. Each process's output goes to bench/out/<n>.log.
+NPROC=0
+start_bg() { NPROC=$((NPROC + 1)); "$@" > "$OUT/process-$NPROC.log" 2>&1 & PIDS+=($!); LAST=$!; }
 
-W=$(free_port); start_bg env TOKIO_WORKER_THREADS=1 taskset -c 1 "$BIN" worker --listen 127.0.0.1:$W
+W=$(free_port); start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 1 "$BIN" worker --listen 127.0.0.1:$W
 WORKER_PID=$LAST
 G=$(free_port); GM=$(free_port)
 start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --metrics-listen 127.0.0.1:$GM --backend http://127.0.0.1:$W
@@ -117,7 +120,7 @@ MLS=$(free_port)
 MLDIR=$(mktemp -d)
 cp -r tests/interop/mlserver_models/. "$MLDIR/"
 start_bg env MLSERVER_HTTP_PORT=$MLS MLSERVER_GRPC_PORT=$(free_port) MLSERVER_METRICS_PORT=$(free_port) \
-  MLSERVER_PARALLEL_WORKERS=0 MLSERVER_HOST=127.0.0.1 taskset -c 1 .venv/bin/mlserver start "$MLDIR" > "$OUT/mlserver.log" 2>&1
+  MLSERVER_PARALLEL_WORKERS=0 MLSERVER_HOST=127.0.0.1 taskset -c 1 .venv/bin/mlserver start "$MLDIR"
 for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$MLS/v2/models/simple/ready" >/dev/null 2>&1 && break; sleep 0.2; done
 G2=$(free_port)
 start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G2 --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$MLS
