@@ -11,8 +11,8 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use tensorgate::protocol::json_data::count_elements;
 use tensorgate::protocol::{
-    decode_request, encode_request, encode_response, DataType, InferResponse, Limits, Parameters, RequestBody,
-    Tensor,
+    decode_request, encode_request, encode_response, DataType, InferResponse, Limits, Parameters,
+    RequestBody, Tensor,
 };
 
 const N: usize = 1_000_000;
@@ -30,10 +30,13 @@ fn values() -> Vec<f32> {
         .collect()
 }
 
+/// Keys in the order tritonclient writes them (name, shape, datatype, data).
 fn json_request(vals: &[f32]) -> Bytes {
-    let data: Vec<serde_json::Value> = vals.iter().map(|v| serde_json::json!(v)).collect();
-    let body = serde_json::json!({"inputs": [{"name": "INPUT0", "shape": [1, N], "datatype": "FP32", "data": data}]});
-    Bytes::from(serde_json::to_vec(&body).unwrap())
+    let data = serde_json::to_string(vals).unwrap();
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{N}],"datatype":"FP32","data":{data}}}]}}"#
+    );
+    Bytes::from(body)
 }
 
 fn json_to_binary(c: &mut Criterion) {
@@ -45,7 +48,9 @@ fn json_to_binary(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(body.len() as u64));
     g.bench_function("fp32_1M/tensorgate", |b| {
         b.iter(|| {
-            let RequestBody::Message(req) = decode_request(black_box(&body), None, &limits).unwrap() else {
+            let RequestBody::Message(req) =
+                decode_request(black_box(&body), None, &limits).unwrap()
+            else {
                 unreachable!()
             };
             black_box(encode_request(&req, true).unwrap())
@@ -72,7 +77,9 @@ fn json_to_binary(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("count_elements");
     g.throughput(Throughput::Bytes(text.len() as u64));
-    g.bench_function("fp32_1M", |b| b.iter(|| black_box(count_elements(black_box(&text), 64).unwrap())));
+    g.bench_function("fp32_1M", |b| {
+        b.iter(|| black_box(count_elements(black_box(&text), 64).unwrap()))
+    });
     g.finish();
 }
 
@@ -88,7 +95,11 @@ fn binary_to_json(c: &mut Criterion) {
             datatype: DataType::Fp32,
             shape: vec![1, N as u64],
             parameters: Parameters::new(),
-            data: Bytes::from(vals.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()),
+            data: Bytes::from(
+                vals.iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
         }],
     };
     let written = encode_response(&resp, &[false]).unwrap().len();
@@ -129,7 +140,9 @@ fn passthrough(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(body.len() as u64));
     g.bench_function("64MB_decode_reencode", |b| {
         b.iter(|| {
-            let RequestBody::Message(req) = decode_request(black_box(&body), Some(hl.as_bytes()), &limits).unwrap() else {
+            let RequestBody::Message(req) =
+                decode_request(black_box(&body), Some(hl.as_bytes()), &limits).unwrap()
+            else {
                 unreachable!()
             };
             black_box(encode_request(&req, true).unwrap())

@@ -81,7 +81,11 @@ fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigErro
     }
 }
 
-async fn run(config: Config, with_metrics: bool, reload: Option<(Loader, Option<PathBuf>)>) -> ExitCode {
+async fn run(
+    config: Config,
+    with_metrics: bool,
+    reload: Option<(Loader, Option<PathBuf>)>,
+) -> ExitCode {
     // Listening for SIGHUP from the start replaces its default action (exit), so a reload
     // signal that arrives during the first discovery round cannot kill the process.
     let _early_hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();

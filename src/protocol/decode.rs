@@ -54,33 +54,47 @@ pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, 
 }
 
 #[derive(Deserialize)]
-struct WireTensor<'a> {
-    name: String,
-    datatype: String,
-    shape: Vec<serde_json::Number>,
+pub(crate) struct WireTensor<'a> {
+    pub(crate) name: String,
+    pub(crate) datatype: String,
+    pub(crate) shape: Vec<serde_json::Number>,
     #[serde(default)]
-    parameters: Parameters,
+    pub(crate) parameters: Parameters,
     #[serde(borrow, default)]
-    data: Option<&'a RawValue>,
+    pub(crate) data: Option<WireData<'a>>,
+}
+
+/// A tensor's JSON `data`: its text, or already converted by the fast path.
+pub(crate) enum WireData<'a> {
+    Text(&'a [u8]),
+    /// Binary layout and element count.
+    Parsed(Vec<u8>, u64),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for WireData<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let raw: &'a RawValue = Deserialize::deserialize(d)?;
+        Ok(WireData::Text(raw.get().as_bytes()))
+    }
 }
 
 #[derive(Deserialize)]
-struct WireRequestedOutput {
-    name: String,
+pub(crate) struct WireRequestedOutput {
+    pub(crate) name: String,
     #[serde(default)]
-    parameters: Parameters,
+    pub(crate) parameters: Parameters,
 }
 
 #[derive(Deserialize)]
-struct WireRequest<'a> {
+pub(crate) struct WireRequest<'a> {
     #[serde(default)]
-    id: Option<String>,
+    pub(crate) id: Option<String>,
     #[serde(default)]
-    parameters: Parameters,
+    pub(crate) parameters: Parameters,
     #[serde(borrow)]
-    inputs: Vec<WireTensor<'a>>,
+    pub(crate) inputs: Vec<WireTensor<'a>>,
     #[serde(default)]
-    outputs: Option<Vec<WireRequestedOutput>>,
+    pub(crate) outputs: Option<Vec<WireRequestedOutput>>,
 }
 
 #[derive(Deserialize)]
@@ -129,7 +143,7 @@ impl BinaryCursor {
     }
 }
 
-fn parse_json<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str, limits: &Limits) -> Result<T> {
+fn check_json_size(json: &[u8], what: &str, limits: &Limits) -> Result<()> {
     if json.len() > limits.max_json_bytes {
         return Err(ProtocolError::too_large(format!(
             "the JSON {what} is {} bytes; the limit is {}",
@@ -137,6 +151,11 @@ fn parse_json<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str, limits: &Limit
             limits.max_json_bytes
         )));
     }
+    Ok(())
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str, limits: &Limits) -> Result<T> {
+    check_json_size(json, what, limits)?;
     let mut de = serde_json::Deserializer::from_slice(json);
     let value = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| describe_json_error(json, what, e))?;
@@ -299,13 +318,13 @@ fn build_tensor(w: WireTensor<'_>, cursor: &mut BinaryCursor, limits: &Limits) -
                 "has neither 'data' nor 'parameters.binary_data_size'",
             ))
         }
-        (Some(raw), None) => {
-            let (bytes, n) = json_data::parse_data(
-                raw.get().as_bytes(),
-                datatype,
-                limits.max_json_depth,
-                count,
-            )?;
+        (Some(data), None) => {
+            let (bytes, n) = match data {
+                WireData::Text(text) => {
+                    json_data::parse_data(text, datatype, limits.max_json_depth, count)?
+                }
+                WireData::Parsed(bytes, n) => (bytes, n),
+            };
             if n != count {
                 return Err(ProtocolError::invalid(format!(
                     "shape {} needs {count} elements, data has {n}",
@@ -363,7 +382,17 @@ pub fn decode_request(
     if header_length.is_some() && json.is_empty() {
         return Ok(RequestBody::Raw(binary));
     }
-    let wire: WireRequest = parse_json(&json, "request", limits)?;
+    // Well-formed requests take the single-pass path; anything else, including every
+    // error, goes through serde, which also words the error.
+    check_json_size(&json, "request", limits)?;
+    let wire: WireRequest = match super::fast_request::parse_request(&json, limits) {
+        Some(w) => w,
+        None => parse_json(&json, "request", limits)?,
+    };
+    request_from_wire(wire, binary, limits)
+}
+
+fn request_from_wire(wire: WireRequest<'_>, binary: Bytes, limits: &Limits) -> Result<RequestBody> {
     let options = RequestOptions::from_parameters(&wire.parameters)?;
     let outputs = match wire.outputs {
         None => None,
@@ -390,6 +419,13 @@ pub fn decode_request(
         inputs,
         outputs,
     }))
+}
+
+/// The serde path alone, for checking the fast path against it.
+#[cfg(test)]
+pub(crate) fn decode_request_serde_only(body: &Bytes, limits: &Limits) -> Result<RequestBody> {
+    let wire: WireRequest = parse_json(body, "request", limits)?;
+    request_from_wire(wire, Bytes::new(), limits)
 }
 
 /// Decodes an inference response body, as a backend sends it.

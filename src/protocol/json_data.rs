@@ -57,8 +57,8 @@ fn syntax_error(pos: usize) -> ProtocolError {
 }
 
 /// Walks a JSON array of arbitrary nesting and calls `leaf` for each element in row-major
-/// order. Returns the number of leaves.
-fn walk<'a, F>(s: &'a [u8], max_depth: usize, mut leaf: F) -> Result<u64>
+/// order. Returns the number of leaves and the position just after the closing bracket.
+fn walk<'a, F>(s: &'a [u8], max_depth: usize, mut leaf: F) -> Result<(u64, usize)>
 where
     F: FnMut(Leaf<'a>, u64) -> Result<()>,
 {
@@ -167,16 +167,28 @@ where
             }
         }
     }
-    skip_ws(&mut pos);
-    if pos != len {
-        return Err(syntax_error(pos));
+    Ok((count, pos))
+}
+
+/// Only whitespace may follow the array.
+fn check_end(s: &[u8], end: usize) -> Result<()> {
+    match s[end..].iter().position(|b| !is_ws(*b)) {
+        None => Ok(()),
+        Some(off) => Err(syntax_error(end + off)),
     }
-    Ok(count)
 }
 
 /// Counts the elements of a JSON `data` array without converting them.
 pub fn count_elements(text: &[u8], max_depth: usize) -> Result<u64> {
-    walk(text, max_depth, |_, _| Ok(()))
+    let (count, end) = walk(text, max_depth, |_, _| Ok(()))?;
+    check_end(text, end)?;
+    Ok(count)
+}
+
+/// The length of the JSON array at the start of `text` (for the fast request path, which
+/// meets `data` before it knows the datatype).
+pub fn array_len(text: &[u8], max_depth: usize) -> Result<usize> {
+    Ok(walk(text, max_depth, |_, _| Ok(()))?.1)
 }
 
 fn element_error(i: u64, what: String) -> ProtocolError {
@@ -298,11 +310,23 @@ pub fn parse_data(
     max_depth: usize,
     expected: u64,
 ) -> Result<(Vec<u8>, u64)> {
+    let (out, count, end) = parse_data_prefix(text, dt, max_depth, expected)?;
+    check_end(text, end)?;
+    Ok((out, count))
+}
+
+/// `parse_data` for an array at the start of `text`; also returns where the array ends.
+pub fn parse_data_prefix(
+    text: &[u8],
+    dt: DataType,
+    max_depth: usize,
+    expected: u64,
+) -> Result<(Vec<u8>, u64, usize)> {
     // Every element takes at least two bytes of text ("1,"), so a lying shape cannot make us
     // reserve more than the text justifies.
     let cap_elems = expected.min(text.len() as u64 / 2 + 1) as usize;
     let mut out = Vec::with_capacity(cap_elems * dt.fixed_size().unwrap_or(8));
-    let count = match dt {
+    let (count, end) = match dt {
         DataType::Bool => walk(text, max_depth, |leaf, i| {
             match leaf {
                 Leaf::True => out.push(1),
@@ -378,7 +402,7 @@ pub fn parse_data(
             Ok(())
         })?,
     };
-    Ok((out, count))
+    Ok((out, count, end))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod datatype;
 pub mod decode;
 pub mod encode;
 pub mod error;
+mod fast_request;
 pub mod json_data;
 pub mod json_write;
 pub mod limits;
