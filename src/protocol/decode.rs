@@ -445,3 +445,201 @@ pub fn decode_response(
         outputs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(json: &str) -> String {
+        decode_request(
+            &Bytes::copy_from_slice(json.as_bytes()),
+            None,
+            &Limits::default(),
+        )
+        .unwrap_err()
+        .to_string()
+    }
+
+    fn err_binary(json: &str, tail: &[u8]) -> String {
+        let mut body = json.as_bytes().to_vec();
+        body.extend_from_slice(tail);
+        let hl = json.len().to_string();
+        decode_request(&Bytes::from(body), Some(hl.as_bytes()), &Limits::default())
+            .unwrap_err()
+            .to_string()
+    }
+
+    fn input(fields: &str) -> String {
+        format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    #[test]
+    fn shapes_and_datatypes() {
+        assert_eq!(
+            err(&input(r#""datatype":"FP8","shape":[1],"data":[1]"#)),
+            "input 'X': unknown datatype 'FP8'"
+        );
+        assert_eq!(
+            err(&input(r#""datatype":"FP32","shape":[2,-1],"data":[1]"#)),
+            "input 'X': shape [2,-1] has a negative dimension -1"
+        );
+        assert_eq!(
+            err(&input(r#""datatype":"FP32","shape":[1e30],"data":[1]"#)),
+            "input 'X': shape [1e+30] has a dimension 1e+30 that is not an unsigned 64-bit integer"
+        );
+        assert_eq!(
+            err(&input(
+                r#""datatype":"FP32","shape":[4294967296,4294967296],"data":[1]"#
+            )),
+            "input 'X': shape [4294967296,4294967296] has more elements than fit in 64 bits"
+        );
+        assert_eq!(
+            err(&input(r#""datatype":"INT32","shape":[2,2],"data":[1,2,3]"#)),
+            "input 'X': shape [2,2] needs 4 elements, data has 3"
+        );
+        let too_many = decode_request(
+            &Bytes::from(input(r#""datatype":"INT8","shape":[10,11],"data":[]"#)),
+            None,
+            &Limits {
+                max_tensor_elements: 100,
+                ..Limits::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            too_many,
+            ProtocolError::too_large(
+                "input 'X': shape [10,11] has 110 elements; the limit is 100 per tensor"
+            )
+        );
+    }
+
+    #[test]
+    fn data_and_binary_data_size() {
+        assert_eq!(
+            err(&input(
+                r#""datatype":"INT8","shape":[1],"data":[1],"parameters":{"binary_data_size":1}"#
+            )),
+            "input 'X': has both 'data' and 'parameters.binary_data_size'"
+        );
+        assert_eq!(
+            err(&input(r#""datatype":"INT8","shape":[1]"#)),
+            "input 'X': has neither 'data' nor 'parameters.binary_data_size'"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"INT32","shape":[2,2],"parameters":{"binary_data_size":12}"#),
+                &[0; 12]
+            ),
+            "input 'X': binary_data_size is 12 but shape [2,2] of INT32 needs 16 bytes"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"INT32","shape":[4],"parameters":{"binary_data_size":16}"#),
+                &[0; 3]
+            ),
+            "input 'X': binary_data_size is 16 but only 3 bytes of binary data remain (13 missing)"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"INT8","shape":[1],"parameters":{"binary_data_size":1}"#),
+                &[0; 5]
+            ),
+            "request body has 4 bytes after the last binary input"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":6}"#),
+                &[9, 0, 0, 0, b'a', b'b']
+            ),
+            "input 'X': BYTES element 0 declares 9 bytes but only 2 remain in its data"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":7}"#),
+                &[1, 0, 0, 0, b'a', b'b', b'c']
+            ),
+            "input 'X': BYTES data has 2 bytes left over after 1 elements"
+        );
+        assert_eq!(
+            err_binary(
+                &input(r#""datatype":"BOOL","shape":[2],"parameters":{"binary_data_size":2}"#),
+                &[1, 2]
+            ),
+            "input 'X': BOOL element 1 is the byte 2; it must be 0 or 1"
+        );
+    }
+
+    #[test]
+    fn header_length() {
+        let body = Bytes::from_static(b"{}");
+        let e = |h: &str| {
+            split_body(&body, Some(h.as_bytes()))
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            e("12x"),
+            "Inference-Header-Content-Length must be a non-negative integer, got '12x'"
+        );
+        assert_eq!(
+            e("-1"),
+            "Inference-Header-Content-Length must be a non-negative integer, got '-1'"
+        );
+        assert_eq!(
+            e("3"),
+            "Inference-Header-Content-Length is 3 but the body has only 2 bytes"
+        );
+        let (json, bin) = split_body(&body, Some(b"2")).unwrap();
+        assert_eq!(
+            (json.len(), bin.len()),
+            (2, 0),
+            "a length equal to the body is allowed"
+        );
+    }
+
+    #[test]
+    fn names_and_json_types() {
+        let two = r#"{"inputs":[{"name":"A","datatype":"INT8","shape":[1],"data":[1]},{"name":"A","datatype":"INT8","shape":[1],"data":[1]}]}"#;
+        assert_eq!(err(two), "duplicate input name 'A'");
+        assert_eq!(
+            err(r#"{"inputs":[],"outputs":[{"name":"O"},{"name":"O"}]}"#),
+            "duplicate output name 'O'"
+        );
+        let e = err(&input(r#""datatype":"INT8","shape":"1","data":[1]"#));
+        assert!(
+            e.starts_with("input 'X': field 'shape': invalid type: string \"1\""),
+            "{e}"
+        );
+        let e = err(r#"{"inputs":{}}"#);
+        assert!(
+            e.starts_with("invalid JSON request: field 'inputs': invalid type: map"),
+            "{e}"
+        );
+        let e = err(&input(r#""datatype":"FP32","shape":[1],"data":[NaN]"#));
+        assert!(
+            e.ends_with(
+                "(write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
+            ),
+            "{e}"
+        );
+        let e = decode_request(
+            &Bytes::from_static(b"{\"id\":\"\xff\",\"inputs\":[]}"),
+            None,
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("invalid JSON request:"), "{e}");
+        let e = decode_request(
+            &Bytes::from(input(r#""datatype":"INT8","shape":[1],"data":[1]"#)),
+            None,
+            &Limits {
+                max_json_bytes: 10,
+                ..Limits::default()
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, ProtocolError::TooLarge(_)));
+        assert!(e.to_string().starts_with("the JSON request is"), "{e}");
+    }
+}

@@ -74,3 +74,92 @@ pub fn validate_request(req: &InferRequest, model: &ModelMetadata) -> Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{decode_request, Limits, RequestBody, TensorMetadata};
+    use bytes::Bytes;
+
+    fn model() -> ModelMetadata {
+        let t = |n: &str, s: &[i64]| TensorMetadata {
+            name: n.into(),
+            datatype: "INT32".into(),
+            shape: s.to_vec(),
+        };
+        ModelMetadata {
+            name: "simple".into(),
+            versions: vec![],
+            platform: String::new(),
+            inputs: vec![t("INPUT0", &[-1, 16]), t("INPUT1", &[-1, 16])],
+            outputs: vec![t("OUTPUT0", &[-1, 16]), t("OUTPUT1", &[-1, 16])],
+        }
+    }
+
+    fn check(inputs: &str, outputs: &str) -> String {
+        let json = format!(r#"{{"inputs":[{inputs}]{outputs}}}"#);
+        let RequestBody::Message(r) =
+            decode_request(&Bytes::from(json), None, &Limits::default()).unwrap()
+        else {
+            panic!()
+        };
+        match validate_request(&r, &model()) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn t(name: &str, dt: &str, shape: &str, n: usize) -> String {
+        format!(
+            r#"{{"name":"{name}","datatype":"{dt}","shape":{shape},"data":{:?}}}"#,
+            vec![0; n]
+        )
+    }
+
+    #[test]
+    fn against_the_model() {
+        let ok = format!(
+            "{},{}",
+            t("INPUT0", "INT32", "[3,16]", 48),
+            t("INPUT1", "INT32", "[3,16]", 48)
+        );
+        assert_eq!(check(&ok, ""), "ok");
+        assert_eq!(
+            check(&format!("{ok},{}", t("EXTRA", "INT32", "[1]", 1)), ""),
+            "unknown input 'EXTRA' for model 'simple' (its inputs are INPUT0, INPUT1)"
+        );
+        assert_eq!(
+            check(&t("INPUT0", "INT32", "[1,16]", 16), ""),
+            "model 'simple' requires input 'INPUT1', which the request does not have"
+        );
+        assert_eq!(
+            check(&t("INPUT0", "FP32", "[1,16]", 16), ""),
+            "input 'INPUT0': datatype FP32 does not match the model's INT32"
+        );
+        assert_eq!(
+            check(&t("INPUT0", "INT32", "[16]", 16), ""),
+            "input 'INPUT0': shape [16] has rank 1 but the model expects rank 2 [-1,16]"
+        );
+        assert_eq!(
+            check(&t("INPUT0", "INT32", "[1,15]", 15), ""),
+            "input 'INPUT0': shape [1,15] does not match the model's [-1,16] at dimension 1"
+        );
+        assert_eq!(
+            check(&ok, r#","outputs":[{"name":"OUTPUT9"}]"#),
+            "unknown output 'OUTPUT9' requested from model 'simple' (its outputs are OUTPUT0, OUTPUT1)"
+        );
+        // A model without a declared signature (MLServer) only gets protocol checks.
+        let unknown = ModelMetadata {
+            inputs: vec![],
+            outputs: vec![],
+            ..model()
+        };
+        let json = format!(r#"{{"inputs":[{}]}}"#, t("ANY", "FP32", "[2]", 2));
+        let RequestBody::Message(r) =
+            decode_request(&Bytes::from(json), None, &Limits::default()).unwrap()
+        else {
+            panic!()
+        };
+        assert!(validate_request(&r, &unknown).is_ok());
+    }
+}
