@@ -50,7 +50,7 @@ for a, b, label in [("tensorgate", "nginx", "without sequences"), ("tensorgate_s
 
 print("\n## 2. Large tensors\n")
 print("FP32 with 1M elements to `identity_fp32` through tensorgate → worker (`wrk -c4`). JSON → binary: the")
-print("client sends JSON (~9 MB), the worker gets binary, the client asks for a binary output. Binary → JSON:")
+print("client sends JSON (~20 MB), the worker gets binary, the client asks for a binary output. Binary → JSON:")
 print("the reverse. Pass-through: a 16 MB binary request and response that tensorgate forwards unchanged.\n")
 print("| case | req/s | p50 | p99 |\n| --- | ---: | ---: | ---: |")
 for name, label in [("large_json_to_binary", "JSON → binary (1M FP32)"), ("large_binary_to_json", "binary → JSON (1M FP32)"),
