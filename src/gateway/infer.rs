@@ -141,7 +141,9 @@ pub async fn infer(
     obs.batch = batch_size(&req, &entry.metadata);
     let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
     let mut headers = http::HeaderMap::new();
-    headers.insert("traceparent", traceparent(parts.headers.get("traceparent")));
+    let trace = traceparent(parts.headers.get("traceparent"));
+    obs.traceparent = trace.to_str().ok().map(String::from);
+    headers.insert("traceparent", trace);
     if let Some(id) = parts.headers.get(super::REQUEST_ID) {
         headers.insert(super::REQUEST_ID, id.clone());
     }

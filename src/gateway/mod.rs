@@ -205,7 +205,8 @@ impl Gateway {
             bytes_in = obs.bytes_in,
             bytes_out,
             duration_us = elapsed.as_micros() as u64,
-            sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+                        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+            traceparent = obs.traceparent.as_deref().unwrap_or("-"),
         );
         response
     }

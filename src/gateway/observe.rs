@@ -25,6 +25,8 @@ pub struct Observation {
     pub json_to_binary: u64,
     pub binary_to_json: u64,
     pub retried_from: Option<String>,
+    /// The W3C trace context sent to the backend, for the access log.
+    pub traceparent: Option<String>,
     pub queue: Duration,
     pub compute_input: Duration,
     pub compute_infer: Duration,

@@ -185,11 +185,23 @@ pub fn gateway_service(
        + Send
        + Sync
        + 'static {
+    with_layers(GatewayService(gw))
+}
+
+/// The layers around the gateway, applied to any inner service (tests use a failing one).
+pub fn with_layers<S>(
+    inner: S,
+) -> tower_http::catch_panic::CatchPanic<
+    tower_http::compression::Compression<tower_http::decompression::RequestDecompression<S>>,
+    fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body>,
+> {
     ServiceBuilder::new()
-        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(CatchPanicLayer::custom(
+            panic_response as fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body>,
+        ))
         .layer(CompressionLayer::new())
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
-        .service(GatewayService(gw))
+        .service(inner)
 }
 
 /// The metrics listener's service: `GET /metrics`.
@@ -227,4 +239,54 @@ pub fn metrics_service(
             Ok::<_, Infallible>(resp)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+
+    #[tokio::test]
+    async fn a_panic_becomes_a_500_for_that_request_only() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let calls = calls.clone();
+            tower::service_fn(
+                move |req: Request<
+                    tower_http::decompression::DecompressionBody<http_body_util::Empty<Bytes>>,
+                >| {
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        if req.uri().path() == "/boom" {
+                            panic!("a bug in one request's handling (call {n})");
+                        }
+                        Ok::<_, Infallible>(crate::body::json_response(
+                            StatusCode::OK,
+                            &serde_json::json!({"ok": true}),
+                        ))
+                    }
+                },
+            )
+        };
+        let mut svc = with_layers(inner);
+        let req = |p: &str| {
+            Request::get(p)
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap()
+        };
+        let r = svc.ready().await.unwrap().call(req("/boom")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "application/json");
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            br#"{"error":"internal error while handling this request"}"#
+        );
+        // The same service keeps serving.
+        let r = svc.ready().await.unwrap().call(req("/fine")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 }
