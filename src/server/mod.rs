@@ -188,17 +188,19 @@ pub fn gateway_service(
     with_layers(GatewayService(gw))
 }
 
-/// The layers around the gateway, applied to any inner service (tests use a failing one).
-pub fn with_layers<S>(
-    inner: S,
-) -> tower_http::catch_panic::CatchPanic<
+/// Turns a caught panic into a response.
+type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body>;
+
+/// The service `with_layers` builds around `S`.
+pub type Layered<S> = tower_http::catch_panic::CatchPanic<
     tower_http::compression::Compression<tower_http::decompression::RequestDecompression<S>>,
-    fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body>,
-> {
+    PanicHandler,
+>;
+
+/// The layers around the gateway, applied to any inner service (tests use a failing one).
+pub fn with_layers<S>(inner: S) -> Layered<S> {
     ServiceBuilder::new()
-        .layer(CatchPanicLayer::custom(
-            panic_response as fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body>,
-        ))
+        .layer(CatchPanicLayer::custom(panic_response as PanicHandler))
         .layer(CompressionLayer::new())
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
