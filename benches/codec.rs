@@ -39,8 +39,47 @@ fn json_request(vals: &[f32]) -> Bytes {
     Bytes::from(body)
 }
 
+/// The text tritonclient sends for FP32: Python floats of the float32 values, printed as
+/// doubles (`0.30000001192092896`), so about twice as many digits as the shortest form.
+fn tritonclient_request(vals: &[f32]) -> Bytes {
+    let data =
+        serde_json::to_string(&vals.iter().map(|v| *v as f64).collect::<Vec<f64>>()).unwrap();
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{N}],"datatype":"FP32","data":{data}}}]}}"#
+    );
+    Bytes::from(body)
+}
+
 fn json_to_binary(c: &mut Criterion) {
     let vals = values();
+    let long = tritonclient_request(&vals);
+    let limits = Limits::default();
+    let mut g = c.benchmark_group("json_to_binary_tritonclient_text");
+    g.sample_size(20);
+    g.throughput(Throughput::Bytes(long.len() as u64));
+    g.bench_function("fp32_1M/tensorgate", |b| {
+        b.iter(|| {
+            let RequestBody::Message(req) =
+                decode_request(black_box(&long), None, &limits).unwrap()
+            else {
+                unreachable!()
+            };
+            black_box(encode_request(&req, true).unwrap())
+        })
+    });
+    g.bench_function("fp32_1M/serde_json_value", |b| {
+        b.iter(|| {
+            let v: serde_json::Value = serde_json::from_slice(black_box(&long)).unwrap();
+            let data = v["inputs"][0]["data"].as_array().unwrap();
+            let mut out = Vec::with_capacity(data.len() * 4);
+            for x in data {
+                out.extend_from_slice(&(x.as_f64().unwrap() as f32).to_le_bytes());
+            }
+            black_box(out)
+        })
+    });
+    g.finish();
+
     let body = json_request(&vals);
     let limits = Limits::default();
     let mut g = c.benchmark_group("json_to_binary");
