@@ -50,45 +50,15 @@ fn tritonclient_request(vals: &[f32]) -> Bytes {
     Bytes::from(body)
 }
 
-fn json_to_binary(c: &mut Criterion) {
-    let vals = values();
-    let long = tritonclient_request(&vals);
+/// One group: our decode and re-encode against a serde_json::Value baseline, on `body`.
+fn json_to_binary_group(c: &mut Criterion, group: &str, body: &Bytes) {
     let limits = Limits::default();
-    let mut g = c.benchmark_group("json_to_binary_tritonclient_text");
-    g.sample_size(20);
-    g.throughput(Throughput::Bytes(long.len() as u64));
-    g.bench_function("fp32_1M/tensorgate", |b| {
-        b.iter(|| {
-            let RequestBody::Message(req) =
-                decode_request(black_box(&long), None, &limits).unwrap()
-            else {
-                unreachable!()
-            };
-            black_box(encode_request(&req, true).unwrap())
-        })
-    });
-    g.bench_function("fp32_1M/serde_json_value", |b| {
-        b.iter(|| {
-            let v: serde_json::Value = serde_json::from_slice(black_box(&long)).unwrap();
-            let data = v["inputs"][0]["data"].as_array().unwrap();
-            let mut out = Vec::with_capacity(data.len() * 4);
-            for x in data {
-                out.extend_from_slice(&(x.as_f64().unwrap() as f32).to_le_bytes());
-            }
-            black_box(out)
-        })
-    });
-    g.finish();
-
-    let body = json_request(&vals);
-    let limits = Limits::default();
-    let mut g = c.benchmark_group("json_to_binary");
+    let mut g = c.benchmark_group(group);
     g.sample_size(20);
     g.throughput(Throughput::Bytes(body.len() as u64));
     g.bench_function("fp32_1M/tensorgate", |b| {
         b.iter(|| {
-            let RequestBody::Message(req) =
-                decode_request(black_box(&body), None, &limits).unwrap()
+            let RequestBody::Message(req) = decode_request(black_box(body), None, &limits).unwrap()
             else {
                 unreachable!()
             };
@@ -97,7 +67,7 @@ fn json_to_binary(c: &mut Criterion) {
     });
     g.bench_function("fp32_1M/serde_json_value", |b| {
         b.iter(|| {
-            let v: serde_json::Value = serde_json::from_slice(black_box(&body)).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(black_box(body)).unwrap();
             let data = v["inputs"][0]["data"].as_array().unwrap();
             let mut out = Vec::with_capacity(data.len() * 4);
             for x in data {
@@ -107,6 +77,17 @@ fn json_to_binary(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+fn json_to_binary(c: &mut Criterion) {
+    let vals = values();
+    json_to_binary_group(
+        c,
+        "json_to_binary_tritonclient_text",
+        &tritonclient_request(&vals),
+    );
+    let body = json_request(&vals);
+    json_to_binary_group(c, "json_to_binary", &body);
 
     let text = {
         // The data array: from after `"data":` to the `]` before the closing `}]}`.

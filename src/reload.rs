@@ -17,32 +17,20 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub type Loader = Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
 async fn apply(gateway: &Gateway, load: &Loader, why: &str) {
-    match load() {
-        Ok(config) => match gateway.reload(config).await {
-            Ok(()) => {
-                gateway
-                    .metrics
-                    .config_reloads
-                    .with_label_values(&["success"])
-                    .inc();
-                tracing::info!(trigger = why, "config reloaded");
-            }
-            Err(e) => {
-                gateway
-                    .metrics
-                    .config_reloads
-                    .with_label_values(&["failure"])
-                    .inc();
-                tracing::error!(trigger = why, error = %e, "config reload failed; keeping the old config");
-            }
-        },
+    let result = match load() {
+        Ok(config) => gateway.reload(config).await,
+        Err(e) => Err(e),
+    };
+    let outcome = if result.is_ok() { "success" } else { "failure" };
+    gateway
+        .metrics
+        .config_reloads
+        .with_label_values(&[outcome])
+        .inc();
+    match result {
+        Ok(()) => tracing::info!(trigger = why, "config reloaded"),
         Err(e) => {
-            gateway
-                .metrics
-                .config_reloads
-                .with_label_values(&["failure"])
-                .inc();
-            tracing::error!(trigger = why, error = %e, "config reload failed; keeping the old config");
+            tracing::error!(trigger = why, error = %e, "config reload failed; keeping the old config")
         }
     }
 }

@@ -38,37 +38,26 @@ fn write_non_finite(out: &mut Vec<u8>, nan: bool, negative: bool) {
     });
 }
 
-impl WriteElem for f32 {
-    const SIZE: usize = 4;
-    #[inline]
-    fn read(b: &[u8]) -> Self {
-        f32::from_le_bytes(b.try_into().expect("chunk of element size"))
-    }
-    #[inline]
-    fn write(self, out: &mut Vec<u8>, _: &mut itoa::Buffer, fbuf: &mut ryu::Buffer) {
-        if self.is_finite() {
-            out.extend_from_slice(fbuf.format_finite(self).as_bytes());
-        } else {
-            write_non_finite(out, self.is_nan(), self < 0.0);
+macro_rules! float_elem {
+    ($($t:ty),*) => {$(
+        impl WriteElem for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline]
+            fn read(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("chunk of element size"))
+            }
+            #[inline]
+            fn write(self, out: &mut Vec<u8>, _: &mut itoa::Buffer, fbuf: &mut ryu::Buffer) {
+                if self.is_finite() {
+                    out.extend_from_slice(fbuf.format_finite(self).as_bytes());
+                } else {
+                    write_non_finite(out, self.is_nan(), self < 0.0);
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl WriteElem for f64 {
-    const SIZE: usize = 8;
-    #[inline]
-    fn read(b: &[u8]) -> Self {
-        f64::from_le_bytes(b.try_into().expect("chunk of element size"))
-    }
-    #[inline]
-    fn write(self, out: &mut Vec<u8>, _: &mut itoa::Buffer, fbuf: &mut ryu::Buffer) {
-        if self.is_finite() {
-            out.extend_from_slice(fbuf.format_finite(self).as_bytes());
-        } else {
-            write_non_finite(out, self.is_nan(), self < 0.0);
-        }
-    }
-}
+float_elem!(f32, f64);
 
 /// Half-precision values are written through f32, which holds every one of them exactly, so
 /// the shortest f32 text reads back to the same half value.
