@@ -12,6 +12,8 @@ use half::{bf16, f16};
 
 use super::datatype::DataType;
 use super::error::{ProtocolError, Result};
+use super::json_count;
+use super::json_number;
 
 /// One leaf of the data array, as raw text.
 enum Leaf<'a> {
@@ -178,9 +180,76 @@ fn check_end(s: &[u8], end: usize) -> Result<()> {
     }
 }
 
+/// The length of the run of number characters at the start of `s` (the token `walk` sees).
+#[inline]
+fn number_len(s: &[u8]) -> usize {
+    s.iter()
+        .position(|b| !NUMBER_CHAR[*b as usize])
+        .unwrap_or(s.len())
+}
+
+/// The fast path for the common case: a flat array of numbers, as clients write it
+/// (`[1,2]`, `[1, 2]`). `number` reads the number at the start of its slice and returns its
+/// length. Anything else (nesting, strings, a bad element) returns `None`, and the caller
+/// starts over with `walk`, which decides and words any error.
+#[inline(always)]
+fn flat(s: &[u8], mut number: impl FnMut(&[u8]) -> Option<usize>) -> Option<(u64, usize)> {
+    let skip_ws = |pos: &mut usize| {
+        while s.get(*pos).is_some_and(|b| is_ws(*b)) {
+            *pos += 1;
+        }
+    };
+    let mut pos = 0;
+    skip_ws(&mut pos);
+    if s.get(pos) != Some(&b'[') {
+        return None;
+    }
+    pos += 1;
+    skip_ws(&mut pos);
+    if s.get(pos) == Some(&b']') {
+        return Some((0, pos + 1));
+    }
+    let mut count = 0u64;
+    loop {
+        let len = number(&s[pos..])?;
+        if len == 0 {
+            return None;
+        }
+        pos += len;
+        count += 1;
+        // Tested for the common bytes first: this loop runs once per element.
+        let mut next = *s.get(pos)?;
+        if is_ws(next) {
+            skip_ws(&mut pos);
+            next = *s.get(pos)?;
+        }
+        match next {
+            b',' => {
+                pos += 1;
+                if s.get(pos).is_some_and(|b| is_ws(*b)) {
+                    skip_ws(&mut pos);
+                }
+            }
+            b']' => return Some((count, pos + 1)),
+            _ => return None,
+        }
+    }
+}
+
+/// Counts the elements of a flat number array, or of any array: the vector path, then the
+/// scalar fast path, then `walk` for everything else.
+fn count_and_end(text: &[u8], max_depth: usize) -> Result<(u64, usize)> {
+    if let Some(done) =
+        json_count::count_flat_numbers(text).or_else(|| flat(text, |s| Some(number_len(s))))
+    {
+        return Ok(done);
+    }
+    walk(text, max_depth, |_, _| Ok(()))
+}
+
 /// Counts the elements of a JSON `data` array without converting them.
 pub fn count_elements(text: &[u8], max_depth: usize) -> Result<u64> {
-    let (count, end) = walk(text, max_depth, |_, _| Ok(()))?;
+    let (count, end) = count_and_end(text, max_depth)?;
     check_end(text, end)?;
     Ok(count)
 }
@@ -188,7 +257,7 @@ pub fn count_elements(text: &[u8], max_depth: usize) -> Result<u64> {
 /// The length of the JSON array at the start of `text` (for the fast request path, which
 /// meets `data` before it knows the datatype).
 pub fn array_len(text: &[u8], max_depth: usize) -> Result<usize> {
-    Ok(walk(text, max_depth, |_, _| Ok(()))?.1)
+    Ok(count_and_end(text, max_depth)?.1)
 }
 
 fn element_error(i: u64, what: String) -> ProtocolError {
@@ -199,40 +268,68 @@ fn tok_str(t: &[u8]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(t)
 }
 
-trait LeInt: lexical_core::FromLexical + Copy {
-    const SIGNED: bool;
-    fn put(self, out: &mut Vec<u8>);
+/// A numeric element type: how the flat fast path reads it, and how `walk` does.
+trait Element {
+    /// Reads the number at the start of `s` into `out` and returns its length; `None` when
+    /// it is not a valid element (or not one the fast path takes).
+    fn read_number(s: &[u8], out: &mut Vec<u8>) -> Option<usize>;
+    /// Converts one leaf met by `walk`, with the exact error for a bad one.
+    fn put(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()>;
 }
 
-macro_rules! le_int {
-    ($($t:ty => $signed:expr),*) => {$(
-        impl LeInt for $t {
-            const SIGNED: bool = $signed;
+/// Reads a whole array of `E`: the flat fast path first, `walk` for everything else.
+fn elements<E: Element>(text: &[u8], max_depth: usize, out: &mut Vec<u8>) -> Result<(u64, usize)> {
+    if let Some(done) = flat(text, |s| E::read_number(s, out)) {
+        return Ok(done);
+    }
+    out.clear();
+    walk(text, max_depth, |leaf, i| E::put(leaf, i, out))
+}
+
+/// The number token at the start of `s`, if there is one.
+#[inline]
+fn number_token(s: &[u8]) -> Option<&[u8]> {
+    Some(&s[..number_len(s)]).filter(|t| !t.is_empty())
+}
+
+/// An integer in range for `T`. JSON has no leading `+`, though lexical accepts one.
+#[inline]
+fn int_of<T: lexical_core::FromLexical>(tok: &[u8]) -> Option<T> {
+    match lexical_core::parse::<T>(tok) {
+        Ok(v) if tok[0] != b'+' => Some(v),
+        _ => None,
+    }
+}
+
+macro_rules! int_element {
+    ($($t:ty => $dt:ident, $signed:expr);*) => {$(
+        impl Element for $t {
             #[inline]
-            fn put(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
+            fn read_number(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+                let tok = number_token(s)?;
+                out.extend_from_slice(&int_of::<$t>(tok)?.to_le_bytes());
+                Some(tok.len())
+            }
+
+            fn put(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
+                let dt = DataType::$dt;
+                let Leaf::Number(tok) = leaf else {
+                    return Err(element_error(
+                        i,
+                        format!("is {}; {dt} needs a number", leaf.describe()),
+                    ));
+                };
+                let v = int_of::<$t>(tok).ok_or_else(|| int_error(tok, i, dt, $signed))?;
+                out.extend_from_slice(&v.to_le_bytes());
+                Ok(())
             }
         }
     )*};
 }
-le_int!(u8 => false, u16 => false, u32 => false, u64 => false, i8 => true, i16 => true, i32 => true, i64 => true);
-
-#[inline]
-fn put_int<T: LeInt>(leaf: Leaf, i: u64, dt: DataType, out: &mut Vec<u8>) -> Result<()> {
-    let Leaf::Number(tok) = leaf else {
-        return Err(element_error(
-            i,
-            format!("is {}; {dt} needs a number", leaf.describe()),
-        ));
-    };
-    match lexical_core::parse::<T>(tok) {
-        Ok(v) if tok[0] != b'+' => {
-            v.put(out);
-            Ok(())
-        }
-        _ => Err(int_error(tok, i, dt, T::SIGNED)),
-    }
-}
+int_element!(
+    u8 => Uint8, false; u16 => Uint16, false; u32 => Uint32, false; u64 => Uint64, false;
+    i8 => Int8, true; i16 => Int16, true; i32 => Int32, true; i64 => Int64, true
+);
 
 #[cold]
 fn int_error(tok: &[u8], i: u64, dt: DataType, signed: bool) -> ProtocolError {
@@ -246,6 +343,15 @@ fn int_error(tok: &[u8], i: u64, dt: DataType, signed: bool) -> ProtocolError {
         element_error(i, format!("({t}) is negative, but {dt} is unsigned"))
     } else {
         element_error(i, format!("({t}) is out of range for {dt}"))
+    }
+}
+
+/// A finite float written as a JSON number.
+#[inline]
+fn finite_of<T: lexical_core::FromLexical + Into<f64> + Copy>(tok: &[u8]) -> Option<T> {
+    match lexical_core::parse::<T>(tok) {
+        Ok(v) if tok[0] != b'+' && v.into().is_finite() => Some(v),
+        _ => None,
     }
 }
 
@@ -281,25 +387,77 @@ fn out_of_range(v: f64, i: u64, dt: DataType) -> ProtocolError {
     element_error(i, format!("({v:e}) is out of range for {dt}"))
 }
 
-#[inline]
-fn put_f32(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
-    // Parsing straight to f32 rounds once, from the decimal text.
-    if let Leaf::Number(tok) = leaf {
-        if let Ok(v) = lexical_core::parse::<f32>(tok) {
-            if v.is_finite() && tok[0] != b'+' {
+impl Element for f32 {
+    #[inline]
+    fn read_number(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+        let (v, len) = json_number::f32_prefix(s).or_else(|| {
+            let tok = number_token(s)?;
+            Some((finite_of::<f32>(tok)?, tok.len()))
+        })?;
+        out.extend_from_slice(&v.to_le_bytes());
+        Some(len)
+    }
+
+    fn put(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
+        // Parsing straight to f32 rounds once, from the decimal text.
+        if let Leaf::Number(tok) = leaf {
+            if let Some(v) = finite_of::<f32>(tok) {
                 out.extend_from_slice(&v.to_le_bytes());
                 return Ok(());
             }
         }
+        let v = float_value(leaf, i, DataType::Fp32)?;
+        let f = v as f32;
+        if v.is_finite() && !f.is_finite() {
+            return Err(out_of_range(v, i, DataType::Fp32));
+        }
+        out.extend_from_slice(&f.to_le_bytes());
+        Ok(())
     }
-    let v = float_value(leaf, i, DataType::Fp32)?;
-    let f = v as f32;
-    if v.is_finite() && !f.is_finite() {
-        return Err(out_of_range(v, i, DataType::Fp32));
-    }
-    out.extend_from_slice(&f.to_le_bytes());
-    Ok(())
 }
+
+impl Element for f64 {
+    #[inline]
+    fn read_number(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+        let tok = number_token(s)?;
+        out.extend_from_slice(&finite_of::<f64>(tok)?.to_le_bytes());
+        Some(tok.len())
+    }
+
+    fn put(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
+        let v = float_value(leaf, i, DataType::Fp64)?;
+        out.extend_from_slice(&v.to_le_bytes());
+        Ok(())
+    }
+}
+
+macro_rules! half_element {
+    ($($t:ty => $dt:ident);*) => {$(
+        impl Element for $t {
+            #[inline]
+            fn read_number(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+                let tok = number_token(s)?;
+                let h = <$t>::from_f64(finite_of::<f64>(tok)?);
+                if !h.is_finite() {
+                    return None;
+                }
+                out.extend_from_slice(&h.to_le_bytes());
+                Some(tok.len())
+            }
+
+            fn put(leaf: Leaf, i: u64, out: &mut Vec<u8>) -> Result<()> {
+                let v = float_value(leaf, i, DataType::$dt)?;
+                let h = <$t>::from_f64(v);
+                if v.is_finite() && !h.is_finite() {
+                    return Err(out_of_range(v, i, DataType::$dt));
+                }
+                out.extend_from_slice(&h.to_le_bytes());
+                Ok(())
+            }
+        }
+    )*};
+}
+half_element!(f16 => Fp16; bf16 => Bf16);
 
 /// Converts JSON data to the binary layout of `dt`. `expected` is the element count the
 /// shape calls for; it only sizes the buffer, and the caller compares it with the returned
@@ -326,11 +484,12 @@ pub fn parse_data_prefix(
     // reserve more than the text justifies.
     let cap_elems = expected.min(text.len() as u64 / 2 + 1) as usize;
     let mut out = Vec::with_capacity(cap_elems * dt.fixed_size().unwrap_or(8));
+    let o = &mut out;
     let (count, end) = match dt {
         DataType::Bool => walk(text, max_depth, |leaf, i| {
             match leaf {
-                Leaf::True => out.push(1),
-                Leaf::False => out.push(0),
+                Leaf::True => o.push(1),
+                Leaf::False => o.push(0),
                 other => {
                     return Err(element_error(
                         i,
@@ -340,38 +499,18 @@ pub fn parse_data_prefix(
             }
             Ok(())
         })?,
-        DataType::Uint8 => walk(text, max_depth, |l, i| put_int::<u8>(l, i, dt, &mut out))?,
-        DataType::Uint16 => walk(text, max_depth, |l, i| put_int::<u16>(l, i, dt, &mut out))?,
-        DataType::Uint32 => walk(text, max_depth, |l, i| put_int::<u32>(l, i, dt, &mut out))?,
-        DataType::Uint64 => walk(text, max_depth, |l, i| put_int::<u64>(l, i, dt, &mut out))?,
-        DataType::Int8 => walk(text, max_depth, |l, i| put_int::<i8>(l, i, dt, &mut out))?,
-        DataType::Int16 => walk(text, max_depth, |l, i| put_int::<i16>(l, i, dt, &mut out))?,
-        DataType::Int32 => walk(text, max_depth, |l, i| put_int::<i32>(l, i, dt, &mut out))?,
-        DataType::Int64 => walk(text, max_depth, |l, i| put_int::<i64>(l, i, dt, &mut out))?,
-        DataType::Fp32 => walk(text, max_depth, |l, i| put_f32(l, i, &mut out))?,
-        DataType::Fp64 => walk(text, max_depth, |l, i| {
-            let v = float_value(l, i, dt)?;
-            out.extend_from_slice(&v.to_le_bytes());
-            Ok(())
-        })?,
-        DataType::Fp16 => walk(text, max_depth, |l, i| {
-            let v = float_value(l, i, dt)?;
-            let h = f16::from_f64(v);
-            if v.is_finite() && !h.is_finite() {
-                return Err(out_of_range(v, i, dt));
-            }
-            out.extend_from_slice(&h.to_le_bytes());
-            Ok(())
-        })?,
-        DataType::Bf16 => walk(text, max_depth, |l, i| {
-            let v = float_value(l, i, dt)?;
-            let h = bf16::from_f64(v);
-            if v.is_finite() && !h.is_finite() {
-                return Err(out_of_range(v, i, dt));
-            }
-            out.extend_from_slice(&h.to_le_bytes());
-            Ok(())
-        })?,
+        DataType::Uint8 => elements::<u8>(text, max_depth, o)?,
+        DataType::Uint16 => elements::<u16>(text, max_depth, o)?,
+        DataType::Uint32 => elements::<u32>(text, max_depth, o)?,
+        DataType::Uint64 => elements::<u64>(text, max_depth, o)?,
+        DataType::Int8 => elements::<i8>(text, max_depth, o)?,
+        DataType::Int16 => elements::<i16>(text, max_depth, o)?,
+        DataType::Int32 => elements::<i32>(text, max_depth, o)?,
+        DataType::Int64 => elements::<i64>(text, max_depth, o)?,
+        DataType::Fp16 => elements::<f16>(text, max_depth, o)?,
+        DataType::Bf16 => elements::<bf16>(text, max_depth, o)?,
+        DataType::Fp32 => elements::<f32>(text, max_depth, o)?,
+        DataType::Fp64 => elements::<f64>(text, max_depth, o)?,
         DataType::Bytes => walk(text, max_depth, |l, i| {
             let Leaf::String(raw, escaped) = l else {
                 return Err(element_error(
@@ -397,8 +536,8 @@ pub fn parse_data_prefix(
                     "is longer than the 4 GiB a BYTES element can hold".into(),
                 )
             })?;
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(bytes);
+            o.extend_from_slice(&len.to_le_bytes());
+            o.extend_from_slice(bytes);
             Ok(())
         })?,
     };
@@ -595,6 +734,58 @@ mod tests {
         assert_eq!(count_elements(b"[[1,2],[3]]", 8).unwrap(), 3);
         assert_eq!(count_elements(br#"["a,b", "c]"]"#, 8).unwrap(), 2);
         assert_eq!(count_elements(b"[]", 8).unwrap(), 0);
+    }
+
+    /// The flat fast path is only an accelerator: for any text, it must give what `walk`
+    /// alone gives, value for value and error for error.
+    fn matches_walk<E: Element>(text: &str) {
+        let mut fast = Vec::new();
+        let fast = elements::<E>(text.as_bytes(), 8, &mut fast).map(|r| (fast, r));
+        let mut slow = Vec::new();
+        let slow =
+            walk(text.as_bytes(), 8, |leaf, i| E::put(leaf, i, &mut slow)).map(|r| (slow, r));
+        assert_eq!(fast, slow, "{text}");
+        let walked = walk(text.as_bytes(), 8, |_, _| Ok(()));
+        assert_eq!(count_and_end(text.as_bytes(), 8), walked, "{text}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn flat_fast_path_matches_walk(
+            // Mostly valid numbers and separators, so that long arrays reach the later
+            // blocks of the vector path before a fault, if any.
+            elems in proptest::collection::vec(
+                proptest::prop_oneof![
+                    30 => r"-?(0|[1-9][0-9]{0,20})(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,2})?",
+                    1 => r#""NaN"|true|\[1\]|1e39|\+1|01|-|1\.|\.5|1-2|300|-129|65536"#,
+                ],
+                0..40,
+            ),
+            seps in proptest::collection::vec(
+                proptest::prop_oneof![40 => "(,|, )", 1 => "(,\n  | ,|,,| |, ,)"],
+                40,
+            ),
+            open in "( |\n)?\\[ ?",
+            close in " ?\\] ?",
+        ) {
+            let mut text = open;
+            for (i, e) in elems.iter().enumerate() {
+                if i > 0 {
+                    text.push_str(&seps[i]);
+                }
+                text.push_str(e);
+            }
+            text.push_str(&close);
+            matches_walk::<u8>(&text);
+            matches_walk::<u32>(&text);
+            matches_walk::<u64>(&text);
+            matches_walk::<i8>(&text);
+            matches_walk::<i64>(&text);
+            matches_walk::<f16>(&text);
+            matches_walk::<bf16>(&text);
+            matches_walk::<f32>(&text);
+            matches_walk::<f64>(&text);
+        }
     }
 
     #[test]
