@@ -69,6 +69,7 @@ pub async fn start_with_resolver(
     let config = Arc::new(config);
     let client = new_client(
         Duration::from_millis(config.fleet.connect_timeout_ms),
+        Duration::from_millis(config.fleet.pool_idle_timeout_ms),
         crate::tls::client_config(&config.fleet.tls)?,
     );
     let fleet = Arc::new(Fleet::new(&config, client, resolver));

@@ -204,6 +204,10 @@ pub struct FleetConfig {
     pub probe_timeout_ms: u64,
     /// Deadline for opening a connection to a backend.
     pub connect_timeout_ms: u64,
+    /// Idle pooled connections to backends are dropped after this long (0: no pooling).
+    /// Keep it below the backends' own keep-alive timeout (uvicorn, under MLServer and
+    /// KServe, closes after 5 s), or a request may meet a connection the backend is closing.
+    pub pool_idle_timeout_ms: u64,
     /// How often DNS backends (`discovery = "dns"`) are resolved again.
     pub dns_interval_ms: u64,
     /// Consecutive connection failures or 5xx answers after which a backend is ejected.
@@ -227,6 +231,7 @@ impl Default for FleetConfig {
             refresh_interval_ms: 5_000,
             probe_timeout_ms: 2_000,
             connect_timeout_ms: 1_000,
+            pool_idle_timeout_ms: 4_000,
             dns_interval_ms: 10_000,
             eject_after_failures: 3,
             eject_base_ms: 1_000,

@@ -84,8 +84,8 @@ pub trait Backend: Send + Sync {
         &'a self,
         hint: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>>;
-    /// Whether the server answers `GET /v2/health/ready` with 2xx.
-    fn ready(&self) -> BoxFuture<'_, bool>;
+    /// Whether the server answers `GET /v2/health/ready` with 2xx; if not, why.
+    fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>>;
     fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>>;
 }
 

@@ -54,8 +54,8 @@ impl Backend for BuiltinBackend {
         })
     }
 
-    fn ready(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async { true })
+    fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async { Ok(()) })
     }
 
     fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>> {

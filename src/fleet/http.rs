@@ -23,7 +23,11 @@ const MAX_SMALL_BODY: usize = 16 << 20;
 pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 
 /// A pooled keep-alive client for http:// and https:// backends.
-pub fn new_client(connect_timeout: Duration, tls: rustls::ClientConfig) -> HttpClient {
+pub fn new_client(
+    connect_timeout: Duration,
+    pool_idle_timeout: Duration,
+    tls: rustls::ClientConfig,
+) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
@@ -33,9 +37,10 @@ pub fn new_client(connect_timeout: Duration, tls: rustls::ClientConfig) -> HttpC
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
+    let max_idle = if pool_idle_timeout.is_zero() { 0 } else { 1024 };
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(1024)
+        .pool_idle_timeout(pool_idle_timeout)
+        .pool_max_idle_per_host(max_idle)
         .build(https)
 }
 
@@ -86,15 +91,26 @@ impl HttpBackend {
         path: &str,
         body: Option<&'static str>,
     ) -> Result<(StatusCode, Bytes), BackendError> {
-        let mut req = Request::builder().method(method).uri(self.uri(path));
-        if body.is_some() {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-        }
-        let req = req
-            .body(full(body.unwrap_or("")))
-            .map_err(|e| BackendError::Failed(e.to_string()))?;
+        let request = || {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri(self.uri(path));
+            if body.is_some() {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+            }
+            req.body(full(body.unwrap_or("")))
+                .map_err(|e| BackendError::Failed(e.to_string()))
+        };
         let fut = async {
-            let resp = self.send(req).await?;
+            // These calls only read, so one retry is safe. It covers a pooled connection
+            // that the backend closed just as it was reused: the request never got there.
+            let resp = match self.send(request()?).await {
+                Err(BackendError::Failed(first)) => {
+                    tracing::debug!(backend = %self.base, error = %first, "probe retried");
+                    self.send(request()?).await?
+                }
+                other => other?,
+            };
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), MAX_SMALL_BODY)
                 .collect()
@@ -210,9 +226,17 @@ impl Backend for HttpBackend {
         })
     }
 
-    fn ready(&self) -> BoxFuture<'_, bool> {
+    fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
-            matches!(self.call(Method::GET, "/v2/health/ready", None).await, Ok((s, _)) if s.is_success())
+            let (status, _) = self.call(Method::GET, "/v2/health/ready", None).await?;
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(BackendError::Failed(format!(
+                    "GET /v2/health/ready on {} answered {status}",
+                    self.base
+                )))
+            }
         })
     }
 
@@ -248,5 +272,58 @@ impl Backend for HttpBackend {
                 body,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::backend::Backend;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A backend that answers the first request on each connection with keep-alive, then
+    /// closes the connection as soon as a second request arrives on it, without answering:
+    /// what a client sees when it reuses a connection the server is closing for idleness.
+    async fn closes_reused_connections() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                    if sock.write_all(ok).await.is_err() {
+                        return;
+                    }
+                    let _ = sock.read(&mut buf).await;
+                    // Dropped here: closed without an answer.
+                });
+            }
+        });
+        (format!("http://{addr}"), accepted)
+    }
+
+    #[tokio::test]
+    async fn a_probe_on_a_connection_the_backend_closed_is_retried_once() {
+        let (url, accepted) = closes_reused_connections().await;
+        let tls = crate::tls::client_config(&Default::default()).unwrap();
+        let client = new_client(Duration::from_secs(1), Duration::from_secs(60), tls);
+        let backend = HttpBackend::new(&url, client, Duration::from_secs(5));
+        backend.ready().await.unwrap();
+        // Reuses the pooled connection, which the backend closes; the retry opens another.
+        backend.ready().await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

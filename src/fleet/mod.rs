@@ -261,11 +261,7 @@ impl Fleet {
 
 async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
     let result = async {
-        if !h.backend.ready().await {
-            return Err(backend::BackendError::Failed(
-                "GET /v2/health/ready did not answer 2xx".into(),
-            ));
-        }
+        h.backend.ready().await?;
         let server = h.backend.server_metadata().await?;
         let hint: Vec<String> = if h.only_models.is_empty() {
             hint.to_vec()
