@@ -1,4 +1,4 @@
-//! Writing tensor bytes as a flat JSON `data` array. Floats use ryu's shortest round-trip
+//! Writing tensor bytes as a flat JSON `data` array. Floats use zmij's shortest round-trip
 //! form, integers itoa; non-finite floats become the strings "NaN", "Infinity", "-Infinity".
 
 use half::{bf16, f16};
@@ -9,7 +9,7 @@ use super::error::{ProtocolError, Result};
 trait WriteElem: Copy {
     const SIZE: usize;
     fn read(b: &[u8]) -> Self;
-    fn write(self, out: &mut Vec<u8>, ibuf: &mut itoa::Buffer, fbuf: &mut ryu::Buffer);
+    fn write(self, out: &mut Vec<u8>, ibuf: &mut itoa::Buffer, fbuf: &mut zmij::Buffer);
 }
 
 macro_rules! int_elem {
@@ -21,7 +21,7 @@ macro_rules! int_elem {
                 <$t>::from_le_bytes(b.try_into().expect("chunk of element size"))
             }
             #[inline]
-            fn write(self, out: &mut Vec<u8>, ibuf: &mut itoa::Buffer, _: &mut ryu::Buffer) {
+            fn write(self, out: &mut Vec<u8>, ibuf: &mut itoa::Buffer, _: &mut zmij::Buffer) {
                 out.extend_from_slice(ibuf.format(self).as_bytes());
             }
         }
@@ -47,7 +47,7 @@ macro_rules! float_elem {
                 <$t>::from_le_bytes(b.try_into().expect("chunk of element size"))
             }
             #[inline]
-            fn write(self, out: &mut Vec<u8>, _: &mut itoa::Buffer, fbuf: &mut ryu::Buffer) {
+            fn write(self, out: &mut Vec<u8>, _: &mut itoa::Buffer, fbuf: &mut zmij::Buffer) {
                 if self.is_finite() {
                     out.extend_from_slice(fbuf.format_finite(self).as_bytes());
                 } else {
@@ -66,7 +66,7 @@ struct Half(f32);
 
 fn write_elems<T: WriteElem>(out: &mut Vec<u8>, data: &[u8], conv: impl Fn(&[u8]) -> T) {
     let mut ibuf = itoa::Buffer::new();
-    let mut fbuf = ryu::Buffer::new();
+    let mut fbuf = zmij::Buffer::new();
     out.reserve(data.len() / T::SIZE.max(1) * 12 + 2);
     out.push(b'[');
     for (i, chunk) in data.chunks_exact(T::SIZE).enumerate() {
@@ -84,7 +84,7 @@ impl WriteElem for Half {
         unreachable!("half values are converted by the caller")
     }
     #[inline]
-    fn write(self, out: &mut Vec<u8>, i: &mut itoa::Buffer, f: &mut ryu::Buffer) {
+    fn write(self, out: &mut Vec<u8>, i: &mut itoa::Buffer, f: &mut zmij::Buffer) {
         self.0.write(out, i, f)
     }
 }
