@@ -486,8 +486,12 @@ async fn backend_that_dies_after_discovery() {
     assert!(message.starts_with("backend 'backend-0': "), "{message}");
     assert!(message.contains(&worker_url), "{message}");
 
-    // After the next refresh the backend is unreachable: not ready. Its models stay known
-    // with no ready backend, so clients get a retryable 503, not a 404 "unknown model".
+    // One health check without an answer is not yet an outage (unhealthy_after_checks = 2
+    // by default): the gateway still reports ready.
+    env.gateway.gateway.fleet.refresh().await;
+    assert_eq!(env.get("/v2/health/ready").await.status, 200);
+    // After the second, the backend is unreachable: not ready. Its models stay known with
+    // no ready backend, so clients get a retryable 503, not a 404 "unknown model".
     env.gateway.gateway.fleet.refresh().await;
     env.get("/v2/health/ready")
         .await

@@ -202,6 +202,10 @@ pub struct FleetConfig {
     pub refresh_interval_ms: u64,
     /// Deadline of one metadata or health call to a backend.
     pub probe_timeout_ms: u64,
+    /// Consecutive health checks without an answer (connection failure, timeout) after
+    /// which a reachable backend is marked unreachable (at least 1). An answer of "not
+    /// ready" takes effect at once, and one success marks it reachable again.
+    pub unhealthy_after_checks: u32,
     /// Deadline for opening a connection to a backend.
     pub connect_timeout_ms: u64,
     /// Idle pooled connections to backends are dropped after this long (0: no pooling).
@@ -230,6 +234,7 @@ impl Default for FleetConfig {
         FleetConfig {
             refresh_interval_ms: 5_000,
             probe_timeout_ms: 2_000,
+            unhealthy_after_checks: 2,
             connect_timeout_ms: 1_000,
             pool_idle_timeout_ms: 4_000,
             dns_interval_ms: 10_000,

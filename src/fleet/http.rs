@@ -232,10 +232,11 @@ impl Backend for HttpBackend {
             if status.is_success() {
                 Ok(())
             } else {
-                Err(BackendError::Failed(format!(
-                    "GET /v2/health/ready on {} answered {status}",
-                    self.base
-                )))
+                // An answer, not a lost probe: the fleet acts on it at once.
+                Err(BackendError::Status {
+                    status,
+                    message: format!("GET /v2/health/ready on {} answered {status}", self.base),
+                })
             }
         })
     }

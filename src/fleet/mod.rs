@@ -10,7 +10,7 @@ pub mod health;
 pub mod http;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +77,8 @@ pub struct BackendHandle {
     /// Requests sent and not yet answered, for load balancing.
     pub outstanding: AtomicUsize,
     pub health: Health,
+    /// Active health checks failed in a row.
+    failed_checks: AtomicU32,
 }
 
 impl BackendHandle {
@@ -106,6 +108,7 @@ pub struct Fleet {
     resolver: Arc<dyn Resolve>,
     builtin: BuiltinSettings,
     probe_timeout: Duration,
+    unhealthy_after_checks: u32,
     pub ejection: EjectionPolicy,
     /// Serializes reconciliations (reload and DNS) so that they cannot interleave.
     reconcile_lock: tokio::sync::Mutex<()>,
@@ -128,6 +131,7 @@ impl Fleet {
                     .unwrap_or(BuiltinSettings::default().sequence_idle_timeout),
             },
             probe_timeout: Duration::from_millis(config.fleet.probe_timeout_ms),
+            unhealthy_after_checks: config.fleet.unhealthy_after_checks.max(1),
             ejection: EjectionPolicy {
                 after_failures: config.fleet.eject_after_failures.max(1),
                 base: Duration::from_millis(config.fleet.eject_base_ms),
@@ -231,6 +235,7 @@ impl Fleet {
             state: ArcSwap::from_pointee(BackendState::default()),
             outstanding: AtomicUsize::new(0),
             health: Health::default(),
+            failed_checks: AtomicU32::new(0),
         }))
     }
 
@@ -239,7 +244,10 @@ impl Fleet {
     pub async fn refresh(&self) {
         let backends = self.backends.load_full();
         let hint = self.hint.load_full();
-        let rounds = backends.iter().map(|h| refresh_backend(h, &hint));
+        let threshold = self.unhealthy_after_checks;
+        let rounds = backends
+            .iter()
+            .map(|h| refresh_backend(h, &hint, threshold));
         futures_util::future::join_all(rounds).await;
         let previous = self.catalog.load_full();
         // Building hash tables takes milliseconds; keep it off the async workers.
@@ -259,7 +267,7 @@ impl Fleet {
     }
 }
 
-async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
+async fn refresh_backend(h: &BackendHandle, hint: &[String], unhealthy_after_checks: u32) {
     let result = async {
         h.backend.ready().await?;
         let server = h.backend.server_metadata().await?;
@@ -273,22 +281,42 @@ async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
     }
     .await;
     let state = match result {
-        Ok((server, models)) => BackendState {
-            reachable: true,
-            capabilities: Capabilities::learn(&server, h.encoding),
-            server: Some(server),
-            models: models
-                .into_iter()
-                .filter(|m| h.only_models.is_empty() || h.only_models.contains(&m.metadata.name))
-                .map(|m| (m.metadata.name.clone(), m))
-                .collect(),
-            last_error: None,
-        },
+        Ok((server, models)) => {
+            h.failed_checks.store(0, Ordering::Relaxed);
+            BackendState {
+                reachable: true,
+                capabilities: Capabilities::learn(&server, h.encoding),
+                server: Some(server),
+                models: models
+                    .into_iter()
+                    .filter(|m| {
+                        h.only_models.is_empty() || h.only_models.contains(&m.metadata.name)
+                    })
+                    .map(|m| (m.metadata.name.clone(), m))
+                    .collect(),
+                last_error: None,
+            }
+        }
         Err(e) => {
-            tracing::warn!(backend = %h.name, error = ?e, "backend health check failed");
+            let failed = h.failed_checks.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(backend = %h.name, error = ?e, failed_checks = failed, "backend health check failed");
+            let previous = h.state.load();
+            // A backend that answers "not ready" or with an error is believed at once. One
+            // that did not answer may have lost a single probe (a connection closed under
+            // it, a pause): that is not yet an outage, and requests meanwhile meet passive
+            // ejection if the backend is really gone.
+            let no_answer = matches!(
+                e,
+                backend::BackendError::Connect(_) | backend::BackendError::Failed(_)
+            );
+            if previous.reachable && no_answer && failed < unhealthy_after_checks {
+                let mut kept = BackendState::clone(&previous);
+                kept.last_error = Some(format!("{e:?}"));
+                h.state.store(Arc::new(kept));
+                return;
+            }
             // Its models stay known, not ready: clients get a retryable 503 rather than a
             // 404 that says the model does not exist.
-            let previous = h.state.load();
             BackendState {
                 reachable: false,
                 last_error: Some(format!("{e:?}")),
@@ -311,4 +339,120 @@ async fn refresh_backend(h: &BackendHandle, hint: &[String]) {
         }
     };
     h.state.store(Arc::new(state));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use ::http::StatusCode;
+
+    use super::backend::{BackendError, BoxFuture, InferCall, Reply};
+    use super::*;
+    use crate::protocol::ModelMetadata;
+
+    /// Answers readiness probes from a script, one entry per probe.
+    struct Scripted(Mutex<Vec<Result<(), BackendError>>>);
+
+    impl Backend for Scripted {
+        fn in_process(&self) -> bool {
+            false
+        }
+        fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>> {
+            Box::pin(async {
+                Ok(ServerMetadata {
+                    name: "scripted".into(),
+                    version: "1".into(),
+                    extensions: vec![],
+                })
+            })
+        }
+        fn models<'a>(
+            &'a self,
+            _hint: &'a [String],
+        ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>> {
+            Box::pin(async {
+                Ok(vec![DiscoveredModel {
+                    metadata: ModelMetadata {
+                        name: "m".into(),
+                        versions: vec![],
+                        platform: String::new(),
+                        inputs: vec![],
+                        outputs: vec![],
+                    },
+                    ready: true,
+                }])
+            })
+        }
+        fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+            let next = self.0.lock().unwrap().remove(0);
+            Box::pin(async move { next })
+        }
+        fn infer<'a>(&'a self, _: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>> {
+            Box::pin(async { Err(BackendError::Failed("not used".into())) })
+        }
+    }
+
+    fn handle(script: Vec<Result<(), BackendError>>) -> BackendHandle {
+        BackendHandle {
+            name: "b".into(),
+            key: "http://b".into(),
+            backend: Arc::new(Scripted(Mutex::new(script))),
+            encoding: Encoding::Auto,
+            classification: ClassificationMode::Auto,
+            weight: 1,
+            only_models: vec![],
+            state: ArcSwap::from_pointee(BackendState::default()),
+            outstanding: AtomicUsize::new(0),
+            health: Health::default(),
+            failed_checks: AtomicU32::new(0),
+        }
+    }
+
+    /// Runs one health check per script entry and returns `reachable` after each.
+    async fn reachability(h: &BackendHandle, checks: usize, threshold: u32) -> Vec<bool> {
+        let mut seen = Vec::new();
+        for _ in 0..checks {
+            refresh_backend(h, &[], threshold).await;
+            seen.push(h.state.load().reachable);
+        }
+        seen
+    }
+
+    fn lost() -> Result<(), BackendError> {
+        Err(BackendError::Connect("connection refused".into()))
+    }
+
+    #[tokio::test]
+    async fn a_backend_goes_unreachable_only_after_the_threshold_of_lost_probes() {
+        let h = handle(vec![Ok(()), lost(), Ok(()), lost(), lost(), Ok(())]);
+        assert_eq!(
+            reachability(&h, 6, 2).await,
+            [true, true, true, true, false, true]
+        );
+        // While it stays reachable, the models stay ready and the error is kept for logs.
+        let h = handle(vec![Ok(()), lost()]);
+        reachability(&h, 2, 2).await;
+        let state = h.state.load();
+        assert!(state.models["m"].ready);
+        assert_eq!(
+            state.last_error.as_deref(),
+            Some(r#"Connect("connection refused")"#)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_of_not_ready_takes_effect_at_once() {
+        let not_ready = Err(BackendError::Status {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "draining".into(),
+        });
+        let h = handle(vec![Ok(()), not_ready, Ok(())]);
+        assert_eq!(reachability(&h, 3, 3).await, [true, false, true]);
+        let h = handle(vec![Ok(()), lost()]);
+        assert_eq!(reachability(&h, 2, 1).await, [true, false]);
+        // A backend never seen reachable is not given the benefit of the doubt.
+        let h = handle(vec![lost(), Ok(())]);
+        assert_eq!(reachability(&h, 2, 5).await, [false, true]);
+    }
 }
