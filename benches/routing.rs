@@ -3,7 +3,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use tensorgate::protocol::SequenceId;
-use tensorgate::routing::maglev::Maglev;
+use tensorgate::routing::maglev::{Maglev, DEFAULT_TABLE_SIZE};
 use tensorgate::routing::sequence_key;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -18,7 +18,7 @@ fn pick(c: &mut Criterion) {
     for n in [10usize, 100, 1000] {
         let names = members(n);
         let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
-        let table = Maglev::new(&m);
+        let table = Maglev::new(&m, DEFAULT_TABLE_SIZE);
         let mut i = 0u64;
         g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
             b.iter(|| {
@@ -53,7 +53,7 @@ fn pick(c: &mut Criterion) {
         let names = members(n);
         let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
         g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
-            b.iter(|| black_box(Maglev::new(&m)))
+            b.iter(|| black_box(Maglev::new(&m, DEFAULT_TABLE_SIZE)))
         });
     }
     g.finish();

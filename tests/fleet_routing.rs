@@ -434,6 +434,16 @@ async fn the_timeout_parameter_bounds_a_forwarded_request() {
     assert_eq!(r.output_int("OUTPUT0"), Some(2));
     assert_eq!(r.backend.as_deref(), Some("w0"));
 
+    // Zero means no timeout, as in Triton: the configured request timeout applies.
+    let r = post_infer(
+        &client,
+        &b,
+        "simple",
+        &simple_body(1, Some(json!({ "timeout": 0 }))),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+
     // The same holds for the in-process models, which answer on their first poll.
     let local = start_gateway(parse_config(&gateway_toml(
         &[("builtin", "builtin")],

@@ -50,6 +50,16 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
                 line: url_line,
                 message: m,
             });
+        } else if b.discovery == super::Discovery::Dns && b.url.get_ref().starts_with("https://") {
+            // The addresses found are dialled directly, and a certificate names the service,
+            // not each address: verification would fail on every one.
+            errors.push(ConfigError {
+                line: url_line,
+                message: format!(
+                    "backend '{}': discovery = \"dns\" works with http:// only; for https://, list each backend by the name its certificate holds",
+                    b.name.get_ref()
+                ),
+            });
         } else if b.discovery == super::Discovery::Dns && b.url.get_ref() == "builtin" {
             errors.push(ConfigError {
                 line: url_line,
@@ -113,6 +123,22 @@ mod tests {
         assert_eq!(c.server.metrics_listen.to_string(), "0.0.0.0:8002");
         assert_eq!(c.backends.len(), 1);
         assert_eq!(c.backends[0].url.get_ref(), "builtin");
+    }
+
+    #[test]
+    fn fleet_values_are_checked() {
+        let e = errors("[fleet]\nhash_table_size = 65536\n");
+        assert_eq!(
+            e,
+            ["line 2: hash_table_size must be a prime from 1009 to 16777213, not 65536 (for example 65537, 262139 or 1048573)"]
+        );
+        let e = errors(
+            "[[backends]]\nname = \"b\"\nurl = \"https://models.svc:8000\"\ndiscovery = \"dns\"\n",
+        );
+        assert_eq!(
+            e,
+            ["line 3: backend 'b': discovery = \"dns\" works with http:// only; for https://, list each backend by the name its certificate holds"]
+        );
     }
 
     #[test]

@@ -219,6 +219,10 @@ pub struct FleetConfig {
     /// First ejection lasts this long; each further one doubles it, up to `eject_max_ms`.
     pub eject_base_ms: u64,
     pub eject_max_ms: u64,
+    /// Slots of each consistent-hash table: a prime from 1,009 to 16,777,213. Every replica
+    /// must use the same size, and changing it re-maps sequences that have no pin.
+    #[serde(deserialize_with = "table_size")]
+    pub hash_table_size: usize,
     /// A sequence's pin is dropped after this long without requests.
     pub sequence_idle_timeout_ms: u64,
     /// Most live sequence pins; beyond it, new sequences are routed by hash alone.
@@ -227,6 +231,17 @@ pub struct FleetConfig {
     pub watch_config: bool,
     /// TLS for https:// backends.
     pub tls: BackendTls,
+}
+
+fn table_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let size = usize::deserialize(d)?;
+    if crate::routing::maglev::is_valid_table_size(size) {
+        Ok(size)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "hash_table_size must be a prime from 1009 to 16777213, not {size} (for example 65537, 262139 or 1048573)"
+        )))
+    }
 }
 
 impl Default for FleetConfig {
@@ -241,6 +256,7 @@ impl Default for FleetConfig {
             eject_after_failures: 3,
             eject_base_ms: 1_000,
             eject_max_ms: 30_000,
+            hash_table_size: crate::routing::maglev::DEFAULT_TABLE_SIZE,
             sequence_idle_timeout_ms: 300_000,
             max_sequences: 1_000_000,
             watch_config: true,

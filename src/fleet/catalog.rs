@@ -25,8 +25,12 @@ pub struct Catalog {
 impl Catalog {
     /// The first backend (in config order) that reports a model provides its metadata, so the
     /// choice is the same on every replica.
-    /// Tables whose membership did not change are taken from `previous`.
-    pub fn build(backends: &[Arc<BackendHandle>], previous: &Catalog) -> Catalog {
+    /// Tables whose membership (and size) did not change are taken from `previous`.
+    pub fn build(
+        backends: &[Arc<BackendHandle>],
+        previous: &Catalog,
+        table_size: usize,
+    ) -> Catalog {
         let mut models: BTreeMap<String, CatalogEntry> = BTreeMap::new();
         for h in backends {
             let state = h.state.load();
@@ -37,7 +41,7 @@ impl Catalog {
                 let entry = models.entry(name.clone()).or_insert_with(|| CatalogEntry {
                     metadata: Arc::new(m.metadata.clone()),
                     ready: Vec::new(),
-                    maglev: Arc::new(Maglev::new(&[])),
+                    maglev: Arc::new(Maglev::new(&[], table_size)),
                 });
                 if m.ready {
                     entry.ready.push(h.clone());
@@ -47,6 +51,9 @@ impl Catalog {
         // Models served by the same backends share one table.
         let mut built: HashMap<Vec<(String, u32)>, Arc<Maglev>> = HashMap::new();
         for prev in previous.models.values() {
+            if prev.maglev.table_size() != table_size && !prev.ready.is_empty() {
+                continue;
+            }
             built
                 .entry(signature(&prev.ready))
                 .or_insert_with(|| prev.maglev.clone());
@@ -58,7 +65,7 @@ impl Catalog {
                 .or_insert_with_key(|sig| {
                     let members: Vec<(&str, u32)> =
                         sig.iter().map(|(k, w)| (k.as_str(), *w)).collect();
-                    Arc::new(Maglev::new(&members))
+                    Arc::new(Maglev::new(&members, table_size))
                 })
                 .clone();
         }

@@ -109,6 +109,8 @@ pub struct Fleet {
     builtin: BuiltinSettings,
     probe_timeout: Duration,
     unhealthy_after_checks: u32,
+    /// `fleet.hash_table_size`; a reload may change it.
+    hash_table_size: AtomicUsize,
     pub ejection: EjectionPolicy,
     /// Serializes reconciliations (reload and DNS) so that they cannot interleave.
     reconcile_lock: tokio::sync::Mutex<()>,
@@ -132,6 +134,7 @@ impl Fleet {
             },
             probe_timeout: Duration::from_millis(config.fleet.probe_timeout_ms),
             unhealthy_after_checks: config.fleet.unhealthy_after_checks.max(1),
+            hash_table_size: AtomicUsize::new(config.fleet.hash_table_size),
             ejection: EjectionPolicy {
                 after_failures: config.fleet.eject_after_failures.max(1),
                 base: Duration::from_millis(config.fleet.eject_base_ms),
@@ -188,6 +191,8 @@ impl Fleet {
         }
         self.hint
             .store(Arc::new(config.models.keys().cloned().collect()));
+        self.hash_table_size
+            .store(config.fleet.hash_table_size, Ordering::Relaxed);
         self.backends.store(Arc::new(new));
         drop(_guard);
         self.refresh().await;
@@ -251,9 +256,11 @@ impl Fleet {
         futures_util::future::join_all(rounds).await;
         let previous = self.catalog.load_full();
         // Building hash tables takes milliseconds; keep it off the async workers.
-        let catalog = tokio::task::spawn_blocking(move || Catalog::build(&backends, &previous))
-            .await
-            .expect("building the catalog does not panic");
+        let table_size = self.hash_table_size.load(Ordering::Relaxed);
+        let catalog =
+            tokio::task::spawn_blocking(move || Catalog::build(&backends, &previous, table_size))
+                .await
+                .expect("building the catalog does not panic");
         self.catalog.store(Arc::new(catalog));
         self.refreshed_once.store(true, Ordering::Release);
     }

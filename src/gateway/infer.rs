@@ -48,14 +48,18 @@ impl Drop for Outstanding<'_> {
 }
 
 /// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
-/// parameter (microseconds).
+/// parameter (microseconds; 0 means none, as in Triton).
 fn deadline(config: &Config, model: &str, req: &InferRequest) -> Instant {
     let configured = config
         .model(model)
         .and_then(|m| m.timeout_ms)
         .map(Duration::from_millis)
         .unwrap_or_else(|| config.limits.request_timeout());
-    let wanted = req.options.timeout_us.map(Duration::from_micros);
+    let wanted = req
+        .options
+        .timeout_us
+        .filter(|us| *us > 0)
+        .map(Duration::from_micros);
     Instant::now() + wanted.map_or(configured, |w| w.min(configured))
 }
 
@@ -103,10 +107,14 @@ pub async fn infer(
 ) -> Result<Response<Body>, GatewayError> {
     let queued = Phase::start();
     let entry = lookup(gw, model, version)?;
+    // Only versions the model lists become label values: a model that lists none accepts
+    // any version in the path, and those must not make the label values unbounded.
+    let versions = &entry.metadata.versions;
     let label_version = version
-        .map(str::to_string)
-        .or_else(|| entry.metadata.versions.first().cloned())
-        .unwrap_or_default();
+        .filter(|v| versions.iter().any(|x| x == v))
+        .or(versions.first().map(String::as_str))
+        .unwrap_or_default()
+        .to_string();
     let pending = gw
         .metrics
         .nv_pending

@@ -8,13 +8,17 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// Table sizes: primes; the smallest one with at least `SLOTS_PER_MEMBER` slots per member
-/// is used. Maglev moves more keys than the minimum on a join when slots per member are few
-/// (1.64/N at 655 per member, 1.10/N at 10,000, measured at N = 100), so tables are large.
-const SIZES: [usize; 9] = [
-    65_537, 131_071, 262_139, 524_287, 1_048_573, 2_097_143, 4_194_301, 8_388_593, 16_777_213,
-];
-const SLOTS_PER_MEMBER: usize = 10_000;
+/// The default table size (`fleet.hash_table_size`), a prime. The size is fixed rather
+/// than grown with the fleet: a table of another size is a different table, so crossing a
+/// size step would move nearly every key at once. Maglev moves more keys than the 1/N
+/// minimum on a join when slots per member are few (measured at N = 100: 1.64/N at 655 slots
+/// per member, 1.29/N at 2,621, 1.10/N at 10,485), and balance is within one slot per
+/// member; 1,048,573 slots (2 MiB, one table per distinct set of backends) keep both close to
+/// ideal up to a few hundred backends.
+pub const DEFAULT_TABLE_SIZE: usize = 1_048_573;
+/// Bounds of `fleet.hash_table_size`.
+pub const MIN_TABLE_SIZE: usize = 1_009;
+pub const MAX_TABLE_SIZE: usize = 16_777_213;
 pub const MAX_MEMBERS: usize = u16::MAX as usize - 1;
 const OFFSET_SEED: u64 = 0x6d61_676c_6576_3031;
 const SKIP_SEED: u64 = 0x6d61_676c_6576_3032;
@@ -28,18 +32,17 @@ pub struct Maglev {
 impl Maglev {
     /// Builds the table over `members` given as (stable key, weight). The keys, not their
     /// order, decide the result: every process given the same members builds the same table.
-    /// At most `MAX_MEMBERS` members are used; the table stores 16-bit indices.
-    pub fn new(members: &[(&str, u32)]) -> Maglev {
-        let members = &members[..members.len().min(MAX_MEMBERS)];
+    /// At most `MAX_MEMBERS` members are used; the table stores 16-bit indices. `size` must
+    /// be a prime (see `is_valid_table_size`), so that every member's permutation visits
+    /// every slot.
+    pub fn new(members: &[(&str, u32)], size: usize) -> Maglev {
+        debug_assert!(is_valid_table_size(size), "table size {size}");
+        let m = size;
+        let members = &members[..members.len().min(MAX_MEMBERS).min(m)];
         if members.is_empty() {
             return Maglev { table: Vec::new() };
         }
         let n = members.len();
-        let m = SIZES
-            .iter()
-            .copied()
-            .find(|s| *s >= n * SLOTS_PER_MEMBER)
-            .unwrap_or(SIZES[SIZES.len() - 1]);
         // Fill in key order, so that the input order cannot change the table.
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|a, b| members[*a].0.cmp(members[*b].0));
@@ -96,6 +99,12 @@ impl Maglev {
     }
 }
 
+/// Whether `size` can be a table's size: a prime within the bounds.
+pub fn is_valid_table_size(size: usize) -> bool {
+    (MIN_TABLE_SIZE..=MAX_TABLE_SIZE).contains(&size)
+        && (2..).take_while(|d| d * d <= size).all(|d| size % d != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +117,7 @@ mod tests {
 
     fn build(names: &[String]) -> Maglev {
         let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
-        Maglev::new(&m)
+        Maglev::new(&m, DEFAULT_TABLE_SIZE)
     }
 
     fn keys(count: u64) -> impl Iterator<Item = u64> {
@@ -139,36 +148,57 @@ mod tests {
         assert!(ratio <= 1.05, "max/mean = {ratio}");
     }
 
+    /// Share of keys whose owner differs between two memberships.
+    fn moved(before: &[String], after: &[String]) -> f64 {
+        let (a, b) = (build(before), build(after));
+        let total = 200_000u64;
+        let moved = keys(total)
+            .filter(|k| before[a.lookup(*k).unwrap()] != after[b.lookup(*k).unwrap()])
+            .count();
+        moved as f64 / total as f64
+    }
+
     #[test]
     fn adding_or_removing_one_backend_moves_few_keys() {
-        for n in [10usize, 100] {
+        // 6 → 7 and 13 → 14 crossed a table-size step when the size grew with the fleet,
+        // and moved nearly every key.
+        for n in [1usize, 6, 13, 100] {
             let before = names(n);
             let mut after = before.clone();
             after.push("http://10.9.9.9:8000".into());
-            let (a, b) = (build(&before), build(&after));
-            let total = 200_000u64;
-            let moved = keys(total)
-                .filter(|k| before[a.lookup(*k).unwrap()] != after[b.lookup(*k).unwrap()])
-                .count() as f64;
-            let share = moved / total as f64;
-            assert!(share <= 1.2 / n as f64, "join at n={n}: moved {share}");
-            let mut fewer = before.clone();
-            fewer.remove(n / 2);
-            let c = build(&fewer);
-            let moved = keys(total)
-                .filter(|k| before[a.lookup(*k).unwrap()] != fewer[c.lookup(*k).unwrap()])
-                .count() as f64;
-            let share = moved / total as f64;
-            assert!(share <= 1.2 / n as f64, "leave at n={n}: moved {share}");
+            let share = moved(&before, &after);
+            assert!(
+                share <= 1.2 / (n + 1) as f64,
+                "join at n={n}: moved {share}"
+            );
+            if n > 1 {
+                let mut fewer = before.clone();
+                fewer.remove(n / 2);
+                let share = moved(&before, &fewer);
+                assert!(share <= 1.2 / n as f64, "leave at n={n}: moved {share}");
+            }
         }
+    }
+
+    #[test]
+    fn table_sizes_must_be_primes_within_bounds() {
+        assert!(is_valid_table_size(DEFAULT_TABLE_SIZE));
+        assert!(is_valid_table_size(65_537));
+        assert!(is_valid_table_size(MIN_TABLE_SIZE) && is_valid_table_size(MAX_TABLE_SIZE));
+        assert!(!is_valid_table_size(65_536));
+        assert!(!is_valid_table_size(997)); // prime, below the bound
+        assert!(!is_valid_table_size(16_777_259)); // prime, above the bound
     }
 
     #[test]
     fn weights_scale_the_share() {
         let n = names(2);
-        let t = Maglev::new(&[(n[0].as_str(), 3), (n[1].as_str(), 1)]);
+        let t = Maglev::new(
+            &[(n[0].as_str(), 3), (n[1].as_str(), 1)],
+            DEFAULT_TABLE_SIZE,
+        );
         let first = keys(100_000).filter(|k| t.lookup(*k) == Some(0)).count() as f64 / 100_000.0;
         assert!((first - 0.75).abs() < 0.02, "share {first}");
-        assert!(Maglev::new(&[]).lookup(1).is_none());
+        assert!(Maglev::new(&[], DEFAULT_TABLE_SIZE).lookup(1).is_none());
     }
 }
