@@ -5,9 +5,20 @@ import platform
 import re
 import subprocess
 import sys
+from statistics import median
 from pathlib import Path
 
 out, dur, idle_kb, peak_kb, ml = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+
+
+def wrk_ms(text):
+    """wrk prints latencies as 850.00us, 1.70ms or 1.02s."""
+    for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(f"unknown wrk latency {text!r}")
+
+
 rows = {}
 for line in (out / "results.txt").read_text().splitlines():
     name, rps, p50, p99, *err = line.split(" ")
@@ -37,16 +48,36 @@ print("`tensorgate worker` on core 1 (with wrk); each proxy runs single-threaded
 print("`TOKIO_WORKER_THREADS=1`, nginx `worker_processes 1`). nginx keeps upstream connections alive; for")
 print("sequences it hashes an `X-Sequence-Id` header, while tensorgate reads `sequence_id` from the body,")
 print("validates the request, and pins the sequence.\n")
-print("| path | req/s | p50 | p99 | errors |\n| --- | ---: | ---: | ---: | --- |")
+rounds = {}
+for line in (out / "proxy_rounds.txt").read_text().splitlines():
+    name, rnd, ticks, clk, rps, p50, p99, *err = line.split(" ")
+    rounds.setdefault(name, []).append(
+        {"round": int(rnd), "rps": float(rps), "p50": wrk_ms(p50), "p99": wrk_ms(p99),
+         "cpu_us": int(ticks) * 1e6 / int(clk) / (float(rps) * float(dur)), "errors": " ".join(err)})
+n_rounds = max((len(v) for v in rounds.values()), default=0)
+print(f"{n_rounds} interleaved rounds of {dur} s per path; the medians, with the range over rounds. CPU/req is the")
+print("CPU time (user + system) of the proxy process, or of the worker for the direct path, per request served:")
+print("it shows the cost of each proxy even when core 1 (worker and wrk) limits the req/s.\n")
+print("| path | req/s (median) | req/s range | p50 | p99 | CPU/req | errors |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
 for name, label in [("direct", "(a) worker directly"), ("nginx", "(b) nginx → worker"), ("tensorgate", "(c) tensorgate → worker"),
                     ("direct_seq", "(a) directly, with sequence_id"), ("nginx_seq", "(b) nginx, hash of X-Sequence-Id"),
                     ("tensorgate_seq", "(c) tensorgate, sequence_id in body")]:
-    if name in rows:
-        r = rows[name]
-        print(f"| {label} | {r[0]:,.0f} | {r[1]} | {r[2]} | {r[3]} |")
+    runs = rounds.get(name)
+    if not runs:
+        continue
+    rps = [r["rps"] for r in runs]
+    errors = sorted({r["errors"] for r in runs} - {"none"}) or ["none"]
+    print(f"| {label} | {median(rps):,.0f} | {min(rps):,.0f}–{max(rps):,.0f} | {median(r['p50'] for r in runs):.2f} ms "
+          f"| {median(r['p99'] for r in runs):.2f} ms | {median(r['cpu_us'] for r in runs):.1f} µs | {'; '.join(errors)} |")
 for a, b, label in [("tensorgate", "nginx", "without sequences"), ("tensorgate_seq", "nginx_seq", "with sequences")]:
-    if a in rows and b in rows:
-        print(f"\ntensorgate/nginx req/s {label}: **{rows[a][0] / rows[b][0]:.2f}** (target ≥ 1.00)")
+    if a in rounds and b in rounds:
+        per_round = [x["rps"] / y["rps"] for x, y in zip(sorted(rounds[a], key=lambda r: r["round"]),
+                                                        sorted(rounds[b], key=lambda r: r["round"]))]
+        cpu_ratio = median(r["cpu_us"] for r in rounds[a]) / median(r["cpu_us"] for r in rounds[b])
+        print(f"\ntensorgate/nginx req/s {label}: **{median(x['rps'] for x in rounds[a]) / median(x['rps'] for x in rounds[b]):.2f}**"
+              f" (target ≥ 1.00; per round: {', '.join(f'{x:.2f}' for x in per_round)});"
+              f" CPU per request, tensorgate/nginx: {cpu_ratio:.2f}")
 
 print("\n## 2. Large tensors\n")
 print("FP32 with 1M elements to `identity_fp32` through tensorgate → worker (`wrk -c4`). JSON → binary: the")
@@ -76,27 +107,30 @@ print(f"  (target ≤ 2 × 256 MB in flight + 20 MB = 532 MB){'; ' + f'{r[0]:,.1
 print("\n## 5. Micro-benchmarks (criterion)\n")
 print("`cargo bench --bench <name> -- --warm-up-time 1 --measurement-time 3`; the middle estimate.\n")
 print("| benchmark | time | throughput |\n| --- | ---: | ---: |")
+TIME = re.compile(r"^(?:(\S+)\s+)?\s*time:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]")
+THRPT = re.compile(r"^\s+thrpt:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]")
+all_rows = []
 for f in sorted(out.glob("criterion_*.txt")):
-    text = f.read_text()
-    name = None
-    for line in text.splitlines():
-        m = re.match(r"^(\S+)\s+time:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", line)
-        if m:
-            name = m.group(1)
-            rows_t = m.group(2)
-            print_row = [name, rows_t, ""]
-            globals()["last"] = print_row
-            print(f"| {name} | {rows_t} | |", end="")
-            print()
-            continue
-        m = re.match(r"^(\S+)\s*$", line)
-        if m and not line.startswith(" "):
-            name = m.group(1)
-            continue
-        m = re.match(r"^\s+time:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", line)
-        if m and name:
-            print(f"| {name} | {m.group(1)} | |")
-            continue
-        m = re.match(r"^\s+thrpt:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", line)
-        if m:
-            print(f"| ↳ throughput | | {m.group(1)} |")
+    # criterion prints "name time: [...]" on one line, or the name alone when it is long,
+    # then "time:" and optionally "thrpt:" lines.
+    bench_rows, name = [], None
+    for line in f.read_text().splitlines():
+        if m := TIME.match(line):
+            name = m.group(1) or name
+            bench_rows.append([name, m.group(2), ""])
+        elif (m := THRPT.match(line)) and bench_rows:
+            bench_rows[-1][2] = m.group(1)
+        elif re.match(r"^\S+\s*$", line):
+            name = line.strip()
+    for bench, time, thrpt in bench_rows:
+        print(f"| {bench} | {time} | {thrpt} |")
+    all_rows += bench_rows
+
+UNITS = {"ps": 1e-12, "ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+times = {bench: float(time.split()[0]) * UNITS[time.split()[1]] for bench, time, _ in all_rows}
+ratios = [(b.rsplit("/", 1)[0], times[b.rsplit("/", 1)[0] + "/serde_json_value"] / t)
+          for b, t in times.items() if b.endswith("/tensorgate") and b.rsplit("/", 1)[0] + "/serde_json_value" in times]
+if ratios:
+    print("\nSpeed-up of tensorgate's codec over the `serde_json::Value` baseline in the same bench (target ≥ 3×):\n")
+    for group, ratio in ratios:
+        print(f"- {group}: **{ratio:.2f}×**")

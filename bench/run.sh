@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole benchmark set and rewrites BENCHMARKS.md. See bench/README.md.
-# Usage: bench/run.sh [SECONDS_PER_RUN]   (default 10; the whole set takes about 10 minutes)
+# Usage: [ROUNDS=3] bench/run.sh [SECONDS_PER_RUN]   (default 10; the whole set takes about 8 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -72,6 +72,7 @@ http {
 }
 NGINX
 start_bg taskset -c 0 nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" -g 'daemon off;'
+NGINX_PID=$LAST
 wait_ready "http://127.0.0.1:$W/v2/health/ready"
 wait_ready "http://127.0.0.1:$G/v2/health/ready"
 wait_ready "http://127.0.0.1:$N/v2/health/ready"
@@ -91,14 +92,31 @@ wrk_run() {
   echo "   $name: $rps req/s p50 $p50 p99 $p99 ${errors}"
 }
 
-echo "== 1. proxy overhead (small JSON infer of simple, 32 connections, ${DUR}s each)"
-INFER=/v2/models/simple/infer
-wrk_run direct "http://127.0.0.1:$W$INFER" 32 simple.lua SEQ=0
-wrk_run nginx "http://127.0.0.1:$N$INFER" 32 simple.lua SEQ=0
-wrk_run tensorgate "http://127.0.0.1:$G$INFER" 32 simple.lua SEQ=0
-wrk_run direct_seq "http://127.0.0.1:$W$INFER" 32 simple.lua SEQ=1
-wrk_run nginx_seq "http://127.0.0.1:$NH$INFER" 32 simple.lua SEQ=1
-wrk_run tensorgate_seq "http://127.0.0.1:$G$INFER" 32 simple.lua SEQ=1
+# The proxy cases run in ROUNDS interleaved rounds (default 3) and the table reports medians:
+# on a shared VM the machine's speed drifts by 15% and more between minutes, and interleaving
+# puts every path under the same drift. Each run also records the CPU time the proxy (or, for
+# the direct path, the worker) spent per request, which the drift moves far less than req/s.
+ROUNDS=${ROUNDS:-3}
+NGINX_WORKER=$(pgrep -P "$NGINX_PID" | head -1)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# proxy_run NAME PORT SEQ PID ROUND
+proxy_run() {
+  local name=$1 port=$2 seq=$3 pid=$4 round=$5 before after
+  before=$(cpu_ticks "$pid")
+  wrk_run "$name.r$round" "http://127.0.0.1:$port/v2/models/simple/infer" 32 simple.lua SEQ="$seq"
+  after=$(cpu_ticks "$pid")
+  # name round cpu_ticks clk_tck rps p50 p99 errors...
+  echo "$name $round $((after - before)) $(getconf CLK_TCK) $(tail -1 "$OUT/results.txt" | cut -d' ' -f2-)" >> "$OUT/proxy_rounds.txt"
+}
+echo "== 1. proxy overhead (small JSON infer of simple, 32 connections, ${DUR}s each, $ROUNDS rounds)"
+for round in $(seq 1 "$ROUNDS"); do
+  proxy_run direct "$W" 0 "$WORKER_PID" "$round"
+  proxy_run nginx "$N" 0 "$NGINX_WORKER" "$round"
+  proxy_run tensorgate "$G" 0 "$GW_PID" "$round"
+  proxy_run direct_seq "$W" 1 "$WORKER_PID" "$round"
+  proxy_run nginx_seq "$NH" 1 "$NGINX_WORKER" "$round"
+  proxy_run tensorgate_seq "$G" 1 "$GW_PID" "$round"
+done
 
 echo "== 2. large tensors (FP32, 1M elements; 16 MB pass-through)"
 HEADERS=$(.venv/bin/python bench/make_bodies.py "$OUT/bodies")
