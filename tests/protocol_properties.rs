@@ -146,4 +146,28 @@ proptest! {
     fn json_shaped_garbage_never_panics(body in r#"\{"inputs":\[\{"name":"[A-Z]{1,3}","shape":\[[0-9,-]{0,6}\],"datatype":"(FP32|BYTES|BOOL|INT8|UINT64)","data":[\[\]0-9,."a-z\\ -]{0,40}\}\]\}"#) {
         let _ = decode_request(&Bytes::from(body), None, &Limits::default());
     }
+
+    /// Whichever decoder reads a body (the fast path when `datatype` comes before `data`,
+    /// serde otherwise), what serde_json rejects as JSON is rejected, and a valid number in
+    /// range is accepted.
+    #[test]
+    fn data_elements_are_judged_alike_in_either_key_order(
+        tok in r"[-+]?[0-9.eE+-]{1,6}",
+        dt in prop::sample::select(vec!["FP32", "FP64", "INT32", "UINT8", "FP16"]),
+    ) {
+        let valid_json = serde_json::from_str::<serde_json::Value>(&tok).is_ok();
+        for body in [
+            format!(r#"{{"inputs":[{{"name":"X","datatype":"{dt}","shape":[1],"data":[{tok}]}}]}}"#),
+            format!(r#"{{"inputs":[{{"name":"X","data":[{tok}],"shape":[1],"datatype":"{dt}"}}]}}"#),
+        ] {
+            let accepted = decode_request(&Bytes::from(body.clone()), None, &Limits::default()).is_ok();
+            if !valid_json {
+                prop_assert!(!accepted, "{}", body);
+            }
+            let small_int = tok.parse::<u8>().is_ok_and(|v| v < 100) && valid_json;
+            if small_int {
+                prop_assert!(accepted, "{}", body);
+            }
+        }
+    }
 }

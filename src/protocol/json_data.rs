@@ -120,6 +120,7 @@ where
                         }
                     }
                 }
+                check_string(&s[start..i], count)?;
                 leaf(Leaf::String(&s[start..i], escaped), count)?;
                 count += 1;
                 pos = i + 1;
@@ -286,17 +287,72 @@ fn elements<E: Element>(text: &[u8], max_depth: usize, out: &mut Vec<u8>) -> Res
     walk(text, max_depth, |leaf, i| E::put(leaf, i, out))
 }
 
-/// The number token at the start of `s`, if there is one.
+/// The number token at the start of `s`, if it is a JSON number.
 #[inline]
 fn number_token(s: &[u8]) -> Option<&[u8]> {
-    Some(&s[..number_len(s)]).filter(|t| !t.is_empty())
+    Some(&s[..number_len(s)]).filter(|t| is_json_number(t))
+}
+
+/// Whether `tok` follows JSON's number grammar, `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+/// lexical, which converts the token, also takes `01`, `.5`, `1.` and `+1`; serde_json does
+/// not, and a body must not be valid or not depending on which decoder read it. Checked
+/// where a leaf is converted: counting an array (`walk` with no conversion) checks only
+/// its structure.
+fn is_json_number(tok: &[u8]) -> bool {
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while tok.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i > start
+    };
+    let mut i = usize::from(tok.first() == Some(&b'-'));
+    match tok.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            digits(&mut i);
+        }
+        _ => return false,
+    }
+    if tok.get(i) == Some(&b'.') {
+        i += 1;
+        if !digits(&mut i) {
+            return false;
+        }
+    }
+    if let Some(b'e' | b'E') = tok.get(i) {
+        i += 1;
+        if let Some(b'+' | b'-') = tok.get(i) {
+            i += 1;
+        }
+        if !digits(&mut i) {
+            return false;
+        }
+    }
+    i == tok.len()
+}
+
+/// A JSON string's contents must be UTF-8 without raw control characters (the escapes
+/// stand for those).
+fn check_string(raw: &[u8], i: u64) -> Result<()> {
+    if raw.iter().any(|b| *b < 0x20) {
+        return Err(element_error(
+            i,
+            "is a string with a raw control character; JSON needs an escape such as \\n or \\u0009"
+                .into(),
+        ));
+    }
+    if std::str::from_utf8(raw).is_err() {
+        return Err(element_error(i, "is a string that is not UTF-8".into()));
+    }
+    Ok(())
 }
 
 /// An integer in range for `T`. JSON has no leading `+`, though lexical accepts one.
 #[inline]
 fn int_of<T: lexical_core::FromLexical>(tok: &[u8]) -> Option<T> {
     match lexical_core::parse::<T>(tok) {
-        Ok(v) if tok[0] != b'+' => Some(v),
+        Ok(v) if is_json_number(tok) => Some(v),
         _ => None,
     }
 }
@@ -334,7 +390,7 @@ int_element!(
 #[cold]
 fn int_error(tok: &[u8], i: u64, dt: DataType, signed: bool) -> ProtocolError {
     let t = tok_str(tok);
-    let is_number = lexical_core::parse::<f64>(tok).is_ok() && tok[0] != b'+';
+    let is_number = is_json_number(tok);
     if !is_number {
         element_error(i, format!("({t}) is not a valid JSON number"))
     } else if tok.iter().any(|b| matches!(b, b'.' | b'e' | b'E')) {
@@ -350,7 +406,7 @@ fn int_error(tok: &[u8], i: u64, dt: DataType, signed: bool) -> ProtocolError {
 #[inline]
 fn finite_of<T: lexical_core::FromLexical + Into<f64> + Copy>(tok: &[u8]) -> Option<T> {
     match lexical_core::parse::<T>(tok) {
-        Ok(v) if tok[0] != b'+' && v.into().is_finite() => Some(v),
+        Ok(v) if v.into().is_finite() && is_json_number(tok) => Some(v),
         _ => None,
     }
 }
@@ -359,9 +415,13 @@ fn finite_of<T: lexical_core::FromLexical + Into<f64> + Copy>(tok: &[u8]) -> Opt
 #[inline]
 fn float_value(leaf: Leaf, i: u64, dt: DataType) -> Result<f64> {
     match leaf {
+        Leaf::Number(tok) if !is_json_number(tok) => Err(element_error(
+            i,
+            format!("({}) is not a valid JSON number", tok_str(tok)),
+        )),
         Leaf::Number(tok) => match lexical_core::parse::<f64>(tok) {
-            Ok(v) if tok[0] != b'+' && v.is_finite() => Ok(v),
-            Ok(_) if tok[0] != b'+' => Err(element_error(
+            Ok(v) if v.is_finite() => Ok(v),
+            Ok(_) => Err(element_error(
                 i,
                 format!("({}) is out of range for {dt}", tok_str(tok)),
             )),
@@ -687,6 +747,50 @@ mod tests {
         assert_eq!(
             err("[1]", DataType::Bytes),
             "data element 0 is the number 1; BYTES needs a string"
+        );
+    }
+
+    #[test]
+    fn only_json_numbers_and_json_strings_are_elements() {
+        // lexical alone would take each of these; serde_json takes none.
+        for tok in [
+            "01", "-01", ".5", "1.", "-", "1e", "1e+", "1.e5", "+1", "--1", "1.5.5", "1e5e5",
+        ] {
+            for dt in [
+                DataType::Int32,
+                DataType::Uint8,
+                DataType::Fp32,
+                DataType::Fp64,
+                DataType::Fp16,
+            ] {
+                for text in [format!("[{tok}]"), format!("[[2], [{tok}]]")] {
+                    let i = if text.starts_with("[[") { 1 } else { 0 };
+                    assert_eq!(
+                        err(&text, dt),
+                        format!("data element {i} ({tok}) is not a valid JSON number"),
+                        "{text} as {dt}"
+                    );
+                }
+            }
+        }
+        for tok in ["0", "-0", "10", "0.5", "-1.25e-3", "1E+2", "2e0"] {
+            assert!(parse(&format!("[{tok}]"), DataType::Fp64).is_ok(), "{tok}");
+        }
+        assert_eq!(
+            parse("[0, 10, -7]", DataType::Int32).unwrap().0,
+            [0i32, 10, -7]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+        );
+        assert_eq!(
+            err("[\"a\", \"b\tc\"]", DataType::Bytes),
+            "data element 1 is a string with a raw control character; JSON needs an escape such as \\n or \\u0009"
+        );
+        let not_utf8 = parse_data(b"[\"\xff\"]", DataType::Bytes, 32, 1).unwrap_err();
+        assert_eq!(
+            not_utf8.to_string(),
+            "data element 0 is a string that is not UTF-8"
         );
     }
 
