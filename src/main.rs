@@ -52,7 +52,9 @@ enum Command {
         #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
         models: Vec<String>,
     },
-    /// Check a config file and print each error with its line number.
+    /// Check a config file and print each error with its line number, then check that
+    /// every file it names (certificates, keys, tokens, labels) can be read from the
+    /// current directory, as `serve` would read them.
     CheckConfig {
         #[arg(value_name = "FILE")]
         file: PathBuf,
@@ -128,7 +130,12 @@ fn main() -> ExitCode {
     let (config, with_metrics, reload) = match cli.command {
         Command::CheckConfig { file } => {
             return match Config::load(&file) {
-                Ok(_) => {
+                Ok(config) => {
+                    let unreadable = tensorgate::config::unreadable_files(&config);
+                    if !unreadable.is_empty() {
+                        print_errors(&file, &unreadable);
+                        return ExitCode::FAILURE;
+                    }
                     println!("{}: ok", file.display());
                     ExitCode::SUCCESS
                 }

@@ -112,6 +112,19 @@ fn check_config_reports_errors_with_line_numbers() {
         format!("{p}:7: backend url 'http://h:1/v2' must not have a path")
     );
 
+    // A valid config that names a file serve could not read.
+    let path = temp_file(
+        "missing-labels.toml",
+        "[models.classifier]\nlabels = { OUTPUT0 = \"/nonexistent/classes.txt\" }\n",
+    );
+    let p = path.to_str().unwrap();
+    let out = tensorgate(&["check-config", p]);
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim_end(),
+        format!("{p}: models.classifier.labels.OUTPUT0: cannot read /nonexistent/classes.txt: No such file or directory (os error 2)")
+    );
+
     // A missing file.
     let out = tensorgate(&["check-config", "/nonexistent/tensorgate.toml"]);
     assert!(!out.status.success());

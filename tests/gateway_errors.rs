@@ -485,6 +485,7 @@ async fn backend_that_dies_after_discovery() {
     let message = r.error();
     assert!(message.starts_with("backend 'backend-0': "), "{message}");
     assert!(message.contains(&worker_url), "{message}");
+    assert_eq!(r.header("x-tensorgate-backend"), Some("backend-0"));
 
     // One health check without an answer is not yet an outage (unhealthy_after_checks = 2
     // by default): the gateway still reports ready.

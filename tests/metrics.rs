@@ -215,3 +215,52 @@ async fn trace_context_and_request_id() {
     assert_eq!(r.headers()["x-request-id"], "req-123");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_gauges_follow_the_fleet_through_a_reload() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config
+        .set_backends(&["builtin".into(), format!("http://{closed}")])
+        .unwrap();
+    let gw = tensorgate::run::start(config.clone(), true).await.unwrap();
+    let scrape = || async {
+        parse(
+            &reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+    };
+    let before = scrape().await;
+    assert_eq!(
+        before.get("tensorgate_backend_healthy{backend=\"builtin\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        before.get("tensorgate_backend_healthy{backend=\"backend-1\"}"),
+        Some(&0.0)
+    );
+
+    config.set_backends(&["builtin".into()]).unwrap();
+    gw.gateway.reload(config).await.unwrap();
+    let after = scrape().await;
+    assert_eq!(
+        after.get("tensorgate_backend_healthy{backend=\"builtin\"}"),
+        Some(&1.0)
+    );
+    let stale: Vec<&String> = after
+        .keys()
+        .filter(|k| k.contains("backend=\"backend-1\"") && k.starts_with("tensorgate_backend_"))
+        .filter(|k| !k.starts_with("tensorgate_backend_ejections"))
+        .collect();
+    assert!(stale.is_empty(), "{stale:?}");
+    gw.shutdown().await;
+}

@@ -83,6 +83,46 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
     }
 }
 
+/// The files a config names that cannot be read, one error each: what `serve` would refuse
+/// to start with. Paths are relative to the working directory, as `serve` reads them.
+pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
+    let mut named: Vec<(String, &std::path::Path)> = Vec::new();
+    if let Some(tls) = &config.server.tls {
+        named.push(("server.tls.cert".into(), &tls.cert));
+        named.push(("server.tls.key".into(), &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            named.push(("server.tls.client_ca".into(), ca));
+        }
+    }
+    let backend_tls = &config.fleet.tls;
+    for (key, path) in [
+        ("fleet.tls.ca", &backend_tls.ca),
+        ("fleet.tls.cert", &backend_tls.cert),
+        ("fleet.tls.key", &backend_tls.key),
+    ] {
+        if let Some(p) = path {
+            named.push((key.into(), p));
+        }
+    }
+    if let Some(p) = &config.auth.tokens_file {
+        named.push(("auth.tokens_file".into(), p));
+    }
+    for (model, mc) in &config.models {
+        for (output, p) in &mc.labels {
+            named.push((format!("models.{model}.labels.{output}"), p));
+        }
+    }
+    named
+        .into_iter()
+        .filter_map(|(key, path)| {
+            std::fs::File::open(path).err().map(|e| ConfigError {
+                line: None,
+                message: format!("{key}: cannot read {}: {e}", path.display()),
+            })
+        })
+        .collect()
+}
+
 fn check_url(url: &str) -> Result<(), String> {
     if url == "builtin" {
         return Ok(());
@@ -139,6 +179,26 @@ mod tests {
             e,
             ["line 3: backend 'b': discovery = \"dns\" works with http:// only; for https://, list each backend by the name its certificate holds"]
         );
+    }
+
+    #[test]
+    fn files_that_cannot_be_read_are_named() {
+        let c = parse_and_check(
+            "[auth]\ntokens_file = \"/nonexistent/tokens\"\n[models.m]\nlabels = { OUT = \"/nonexistent/labels.txt\" }\n",
+        )
+        .unwrap();
+        let e: Vec<String> = unreadable_files(&c).iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            e,
+            [
+                "auth.tokens_file: cannot read /nonexistent/tokens: No such file or directory (os error 2)",
+                "models.m.labels.OUT: cannot read /nonexistent/labels.txt: No such file or directory (os error 2)"
+            ]
+        );
+        let embedded = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
+        // The embedded config names label files relative to the repository root, where
+        // cargo runs tests.
+        assert_eq!(unreadable_files(&embedded), []);
     }
 
     #[test]

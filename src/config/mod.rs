@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use check::{parse_and_check, ConfigError};
+pub use check::{parse_and_check, unreadable_files, ConfigError};
 
 /// The default config, embedded so that `tensorgate serve` runs with no files around it.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/tensorgate.toml");

@@ -190,12 +190,8 @@ pub async fn infer(
         obs.backend = Some(backend.name.clone());
         let classifications = classification::plan(&req, &entry.metadata, &backend, &labels)?;
         match attempt.run(&backend, &classifications, obs).await {
-            Ok(mut response) => {
-                if let Ok(v) = HeaderValue::from_str(&backend.name) {
-                    response.headers_mut().insert(BACKEND_HEADER, v);
-                }
-                return Ok(response);
-            }
+            // The gateway adds the backend's name to the response, error or not.
+            Ok(response) => return Ok(response),
             // Only a request whose connection was refused before any byte was sent is
             // retried, once, elsewhere: inference is not idempotent. Inside a sequence only
             // a start may move; any other request's state is on the refusing backend.

@@ -5,13 +5,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::models::{builtin_models, BuiltinSettings};
-
-/// One label per line; index = line number. A trailing newline adds no label.
-pub fn parse_labels(text: &str) -> Vec<String> {
-    text.lines()
-        .map(|l| l.trim_end_matches('\r').to_string())
-        .collect()
-}
+use crate::protocol::classify::parse_labels;
 
 #[derive(Default)]
 pub struct Labels {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{header, Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use crate::body::{error_response, Body, BoxError};
@@ -128,6 +128,10 @@ impl Gateway {
         self.metrics
             .sequence_pins
             .set(self.router.pins.len() as i64);
+        // Backends that a reload or DNS removed must vanish from the state gauges, not
+        // report their last state forever.
+        self.metrics.backend_healthy.reset();
+        self.metrics.backend_ejected.reset();
         for h in self.fleet.backends().iter() {
             let healthy = h.state.load().reachable;
             self.metrics
@@ -182,6 +186,15 @@ impl Gateway {
         };
         if let Some(id) = request_id {
             response.headers_mut().insert(REQUEST_ID, id);
+        }
+        // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
+        // one needs to know which backend was involved.
+        if let Some(v) = obs
+            .backend
+            .as_deref()
+            .and_then(|b| HeaderValue::from_str(b).ok())
+        {
+            response.headers_mut().insert(infer::BACKEND_HEADER, v);
         }
         let status = response.status();
         let elapsed = start.elapsed();

@@ -71,7 +71,7 @@ impl Model for Classifier {
     }
 
     fn labels(&self, output: &str) -> Option<Vec<String>> {
-        (output == "OUTPUT0").then(|| crate::gateway::labels::parse_labels(LABELS))
+        (output == "OUTPUT0").then(|| crate::protocol::classify::parse_labels(LABELS))
     }
 
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError> {

@@ -15,6 +15,14 @@ use super::error::{ProtocolError, Result};
 use super::params::Parameters;
 use super::tensor::Tensor;
 
+/// Reads a label file: one label per line, index = line number. A trailing newline adds
+/// no label, and an empty line is a class without a label.
+pub fn parse_labels(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .collect()
+}
+
 /// Above this k, a full selection beats keeping a sorted buffer.
 const BUFFER_LIMIT: usize = 64;
 
