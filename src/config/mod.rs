@@ -2,6 +2,7 @@
 //! `config/tensorgate.toml` is the commented example and the embedded default.
 
 mod check;
+mod restart;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub use check::{parse_and_check, unreadable_files, ConfigError};
+pub use restart::restart_only_changes;
 
 /// The default config, embedded so that `tensorgate serve` runs with no files around it.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/tensorgate.toml");

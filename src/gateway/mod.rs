@@ -101,6 +101,13 @@ impl Gateway {
         let _serial = self.reload_lock.lock().await;
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;
+        let not_applied = crate::config::restart_only_changes(&self.config(), &config);
+        if !not_applied.is_empty() {
+            tracing::warn!(
+                settings = %not_applied.join(", "),
+                "config reloaded, but these changed settings take effect only after a restart"
+            );
+        }
         self.fleet.reconcile(&config).await?;
         self.labels.store(Arc::new(labels));
         self.tokens.store(Arc::new(tokens));
