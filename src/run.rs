@@ -23,16 +23,25 @@ pub struct Running {
     /// The listener's TLS, when configured; reloaded on SIGHUP and file changes.
     pub tls: Option<Arc<ReloadableTls>>,
     stop: watch::Sender<bool>,
+    shutdown_delay: Duration,
     tasks: Vec<JoinHandle<()>>,
     refresher: JoinHandle<()>,
     rediscover: JoinHandle<()>,
 }
 
 impl Running {
-    /// Stops accepting, reports not-ready, and waits for in-flight requests (up to the drain
-    /// deadline).
+    /// Reports not-ready at once; keeps serving for `limits.shutdown_delay_ms`, so that load
+    /// balancers that poll readiness stop sending first; then stops accepting and waits for
+    /// in-flight requests (up to the drain deadline).
     pub async fn shutdown(self) {
         self.gateway.start_draining();
+        if !self.shutdown_delay.is_zero() {
+            tracing::info!(
+                delay_ms = self.shutdown_delay.as_millis() as u64,
+                "not ready; still accepting until the shutdown delay ends"
+            );
+            tokio::time::sleep(self.shutdown_delay).await;
+        }
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;
@@ -131,6 +140,7 @@ pub async fn start_with_resolver(
         gateway,
         tls,
         stop,
+        shutdown_delay: Duration::from_millis(config.limits.shutdown_delay_ms),
         tasks,
         refresher,
         rediscover,

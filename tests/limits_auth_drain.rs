@@ -284,17 +284,20 @@ async fn sigterm_under_load_drops_no_request() {
             .unwrap(),
     );
     wait_ready(&format!("http://127.0.0.1:{wp}/v2/health/ready")).await;
+    let config = std::env::temp_dir().join(format!("tg-sigterm-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+             [limits]\nshutdown_delay_ms = 1500\n\
+             [[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{wp}\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
     let mut gw = Child(
         std::process::Command::new(bin)
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{gp}"),
-                "--metrics-listen",
-                &format!("127.0.0.1:{}", free_port()),
-                "--backend",
-                &format!("http://127.0.0.1:{wp}"),
-            ])
+            .args(["serve", "--config", config.to_str().unwrap()])
             .env("RUST_LOG", "warn")
             .spawn()
             .unwrap(),
@@ -343,6 +346,26 @@ async fn sigterm_under_load_drops_no_request() {
         .status()
         .unwrap()
         .success());
+    // Readiness goes first: within the shutdown delay it reports 503 while requests on new
+    // connections are still served.
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    let ready_url = format!("http://127.0.0.1:{gp}/v2/health/ready");
+    let mut not_ready = false;
+    for _ in 0..50 {
+        if fresh().get(&ready_url).send().await.unwrap().status() == 503 {
+            not_ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(not_ready, "readiness never reported 503 after SIGTERM");
+    let r = fresh().post(&url).body(body.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 200, "not ready, but still serving");
     let mut served = 0;
     for c in clients {
         served += c.await.unwrap().0;
@@ -360,4 +383,5 @@ async fn sigterm_under_load_drops_no_request() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "exit status {status:?}");
+    let _ = std::fs::remove_file(&config);
 }

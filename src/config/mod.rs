@@ -162,6 +162,9 @@ pub struct LimitsConfig {
     pub header_read_timeout_ms: u64,
     /// Time to receive a request's body (408 beyond).
     pub body_read_timeout_ms: u64,
+    /// After SIGTERM, how long readiness reports 503 while requests are still accepted,
+    /// so that load balancers stop sending before the listener closes.
+    pub shutdown_delay_ms: u64,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout_ms: u64,
 }
@@ -178,6 +181,7 @@ impl Default for LimitsConfig {
             max_concurrent_requests: 1024,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
+            shutdown_delay_ms: 0,
             drain_timeout_ms: 30_000,
         }
     }
