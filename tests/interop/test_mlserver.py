@@ -193,3 +193,29 @@ def test_response_id(gw_ml):
     assert with_id.get_response().get("id") == "req-42"
     without = gw_ml.infer("simple", _simple_request(a, b))
     assert "id" not in without.get_response(), without.get_response()
+
+
+# ---------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize("in_binary,out_binary", [(True, True), (False, False), (True, False)])
+def test_class_count_for_a_backend_without_the_extension(gw_ml, in_binary, out_binary):
+    """MLServer ignores `classification` (test_mlserver_direct.py); the gateway applies it,
+    so tritonclient's class_count works against it as against Triton."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    x[0, 7] = x[0, 2]  # a tie: the lower index comes first
+    inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=in_binary)
+    wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=out_binary, class_count=4)
+    result = gw_ml.infer("identity_fp32", [inp], outputs=[wanted])
+    out = result.get_output("OUTPUT0")
+    assert out["datatype"] == "BYTES"
+    assert out["shape"] == [3, 4]
+    got = [[v if isinstance(v, bytes) else v.encode() for v in row]
+           for row in result.as_numpy("OUTPUT0").tolist()]
+    want = []
+    for row in x:
+        order = sorted(range(len(row)), key=lambda i: (-float(row[i]), i))[:4]
+        want.append([f"{float(row[i]):.6f}:{i}".encode() for i in order])
+    assert got == want
