@@ -25,8 +25,8 @@ pub struct Running {
     stop: watch::Sender<bool>,
     shutdown_delay: Duration,
     tasks: Vec<JoinHandle<()>>,
-    refresher: JoinHandle<()>,
-    rediscover: JoinHandle<()>,
+    /// Refresh, DNS rediscovery and the pin sweep: stopped at shutdown.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -46,8 +46,9 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
-        self.refresher.abort();
-        self.rediscover.abort();
+        for t in self.background {
+            t.abort();
+        }
     }
 
     /// Applies a new config (what SIGHUP and a file change do).
@@ -104,7 +105,11 @@ pub async fn start_with_resolver(
             .clone()
             .run_refresh(Duration::from_millis(config.fleet.refresh_interval_ms)),
     );
-    let rediscover = tokio::spawn(rediscover(gateway.clone()));
+    let background = vec![
+        refresher,
+        tokio::spawn(rediscover(gateway.clone())),
+        tokio::spawn(sweep_pins(gateway.clone())),
+    ];
 
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
@@ -142,9 +147,18 @@ pub async fn start_with_resolver(
         stop,
         shutdown_delay: Duration::from_millis(config.limits.shutdown_delay_ms),
         tasks,
-        refresher,
-        rediscover,
+        background,
     })
+}
+
+/// Drops idle sequence pins periodically, off the async workers.
+async fn sweep_pins(gateway: Arc<Gateway>) {
+    let interval = gateway.router.pins.sweep_interval();
+    loop {
+        tokio::time::sleep(interval).await;
+        let gw = gateway.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.router.pins.sweep_now()).await;
+    }
 }
 
 /// Resolves DNS backends again every `fleet.dns_interval_ms`.

@@ -510,8 +510,9 @@ async fn the_pin_table_is_capped_expires_idle_pins_and_drops_ended_ones() {
     same_backend(send(4, true, false, 4, 4).await);
     assert_eq!(pins.len(), 2);
 
-    // After the idle timeout, the pins of 2 and 4 make room for a new sequence.
-    tokio::time::sleep(IDLE + Duration::from_millis(500)).await;
+    // After the idle timeout and one sweep (every quarter of it), the pins of 2 and 4 are
+    // gone, which makes room for a new sequence.
+    tokio::time::sleep(IDLE + IDLE / 4 + Duration::from_millis(500)).await;
     same_backend(send(5, true, false, 5, 5).await);
     assert_eq!(pins.len(), 1, "idle pins were not dropped to make room");
     assert!(pinned(5).is_some());

@@ -1,7 +1,6 @@
 //! The pin table: each live sequence's backend, from its first request until `sequence_end`
 //! or an idle timeout, so that live sequences never move when the fleet changes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -23,8 +22,6 @@ pub struct PinTable {
     pins: DashMap<PinKey, Pin>,
     cap: usize,
     idle: Duration,
-    epoch: Instant,
-    last_sweep_ms: AtomicU64,
 }
 
 impl PinTable {
@@ -33,8 +30,6 @@ impl PinTable {
             pins: DashMap::new(),
             cap,
             idle,
-            epoch: Instant::now(),
-            last_sweep_ms: AtomicU64::new(0),
         }
     }
 
@@ -64,18 +59,16 @@ impl PinTable {
         Some(pin.backend.clone())
     }
 
-    /// Pins a sequence. Returns false when the table is full even after dropping idle pins;
-    /// the sequence is then routed by the hash alone.
+    /// Pins a sequence. Returns false when the table is full; the sequence is then routed by
+    /// the hash alone. A full table is not swept here: with every pin live, each new sequence
+    /// would scan the whole table on a request's path. The periodic sweep makes room.
     pub fn insert(&self, model: &str, id: &SequenceId, backend: &str) -> bool {
         let key = PinKey {
             model: model.to_string(),
             id: id.clone(),
         };
         if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
-            self.sweep_now();
-            if self.pins.len() >= self.cap {
-                return false;
-            }
+            return false;
         }
         self.pins.insert(
             key,
@@ -84,7 +77,6 @@ impl PinTable {
                 last_seen: Instant::now(),
             },
         );
-        self.maybe_sweep();
         true
     }
 
@@ -95,30 +87,18 @@ impl PinTable {
         });
     }
 
-    /// Drops idle pins now.
+    /// Drops idle pins. It visits the whole table, so it runs on a blocking thread, every
+    /// `sweep_interval`, never on a request's path.
     pub fn sweep_now(&self) {
         let now = Instant::now();
         self.pins
             .retain(|_, p| now.duration_since(p.last_seen) < self.idle);
-        self.last_sweep_ms.store(
-            now.duration_since(self.epoch).as_millis() as u64,
-            Ordering::Relaxed,
-        );
     }
 
-    /// Sweeps at most once per quarter of the idle timeout, from whichever request comes by.
-    fn maybe_sweep(&self) {
-        let now_ms = self.epoch.elapsed().as_millis() as u64;
-        let last = self.last_sweep_ms.load(Ordering::Relaxed);
-        let every = (self.idle.as_millis() as u64 / 4).max(1);
-        if now_ms.saturating_sub(last) >= every
-            && self
-                .last_sweep_ms
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.sweep_now();
-        }
+    /// A quarter of the idle timeout, within 100 ms and 60 s: a pin outlives its timeout
+    /// by at most that much, unless a request touches it first.
+    pub fn sweep_interval(&self) -> Duration {
+        (self.idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
     }
 }
 
@@ -146,8 +126,13 @@ mod tests {
         assert!(!t.insert("m", &SequenceId::Uint(3), "a"));
         assert_eq!(t.len(), 2);
         std::thread::sleep(Duration::from_millis(50));
+        // Touching an idle pin drops it, which makes room; the sweep drops the others.
         assert_eq!(t.get("m", &SequenceId::Uint(1)), None);
         assert!(t.insert("m", &SequenceId::Uint(3), "a"));
-        assert_eq!(t.len(), 1);
+        assert_eq!(t.len(), 2);
+        std::thread::sleep(Duration::from_millis(50));
+        t.sweep_now();
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.sweep_interval(), Duration::from_millis(100));
     }
 }
