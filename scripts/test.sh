@@ -95,7 +95,8 @@ section "cargo clippy -D warnings"
 cargo_ clippy --locked --all-targets -- -D warnings
 
 section "cargo build"
-cargo_ build --locked
+# The examples too: test_pki makes the certificates of the Python TLS tests.
+cargo_ build --locked --bins --examples
 
 section "cargo test"
 cargo_ test --locked

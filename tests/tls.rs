@@ -1,7 +1,7 @@
 //! TLS on the listener and to backends, with certificates made by rcgen: HTTPS with h2 and
 //! http/1.1 by ALPN, mTLS, refusal of TLS 1.1, and certificate reload without a restart.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,61 +9,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tensorgate::config::{BackendTls, Config, ServerTls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-struct Pki {
-    dir: PathBuf,
-    ca_cert: rcgen::Certificate,
-    ca_key: KeyPair,
-}
-
-impl Pki {
-    fn new(tag: &str) -> Pki {
-        let dir = std::env::temp_dir().join(format!("tensorgate-tls-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name
-            .push(DnType::CommonName, format!("tensorgate test CA {tag}"));
-        let ca_cert = p.self_signed(&ca_key).unwrap();
-        std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
-        Pki {
-            dir,
-            ca_cert,
-            ca_key,
-        }
-    }
-
-    /// Issues a certificate and writes `<name>.crt` and `<name>.key`.
-    fn issue(&self, name: &str, sans: &[&str], client: bool) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut p =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        p.distinguished_name.push(DnType::CommonName, name);
-        p.extended_key_usages = vec![if client {
-            ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let cert = p.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
-        let (c, k) = (
-            self.dir.join(format!("{name}.crt")),
-            self.dir.join(format!("{name}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.dir.join("ca.crt")
-    }
-}
+mod pki;
+use pki::Pki;
 
 /// `_alpn` documents the protocol a call expects; hyper-rustls sets ALPN from the
 /// connector's enabled HTTP versions.

@@ -1,6 +1,8 @@
 """tritonclient over HTTPS (ssl=True) to a TLS gateway, with a CA and certificates made by
-openssl for the test, and mTLS refusing a client without a certificate."""
+rcgen (examples/test_pki.rs, as in the Rust TLS tests), and mTLS refusing a client without a
+certificate."""
 import functools
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,22 +15,13 @@ import tritonclient.http as http
 from interop_util import REPO_ROOT, ManagedProcess, free_ports, tensorgate_bin
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def pki():
+    tool = Path(os.environ.get("TG_TEST_PKI_BIN", REPO_ROOT / "target" / "debug" / "examples" / "test_pki"))
+    if not tool.exists():
+        pytest.fail(f"{tool} is not built: run cargo build --examples")
     d = Path(tempfile.mkdtemp(prefix="tg-pki-"))
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-            "-days", "2", "-subj", "/CN=tensorgate test CA", cwd=d)
-    for name, ext in [("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                      ("client", "extendedKeyUsage=clientAuth")]:
-        (d / f"{name}.ext").write_text(ext + "\n")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/CN={name}", cwd=d)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+    subprocess.run([str(tool), str(d)], check=True, capture_output=True, timeout=60)
     return d
 
 
