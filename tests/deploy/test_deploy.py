@@ -127,11 +127,21 @@ def test_dockerfile_is_multi_stage_non_root_and_copies_what_exists():
     assert "target/" in ignore
 
 
-def test_the_dockerfile_cargo_command_resolves_from_the_lockfile():
-    # No Docker engine here. The image runs `cargo build --release --locked`; the test command
-    # has already built the same tree with --locked, so check here that the lockfile resolves
-    # offline with the flag the Dockerfile uses and that the binary target exists.
-    r = subprocess.run(["cargo", "metadata", "--locked", "--offline", "--format-version", "1", "--no-deps"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_the_dockerfile_cargo_command_builds_a_working_binary():
+    # No Docker engine here. Run the image's own cargo command, read from the Dockerfile, on
+    # the files the Dockerfile copies (the tree has them all), and check what it builds.
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    m = re.search(r"^RUN (cargo build [^\\&\n]+)", text, re.M)
+    assert m, "the Dockerfile runs cargo build"
+    command = m.group(1).split()
+    if os.environ.get("TG_CARGO_LOCK"):  # the test script serializes cargo runs on this lock
+        command = ["flock", os.environ["TG_CARGO_LOCK"], *command]
+    r = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    binary = ROOT / "target" / "release" / "tensorgate"
+    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("tensorgate "), r.stdout + r.stderr
+    # The image's CMD: the config it copies to /etc/tensorgate, checked by that binary.
+    r = subprocess.run([str(binary), "check-config", "config/tensorgate.toml"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert '"name":"tensorgate","src_path"' in r.stdout.replace(" ", "") or '"kind":["bin"]' in r.stdout
