@@ -671,3 +671,48 @@ async fn many_requests_on_concurrent_connections() {
         env.shutdown().await;
     }
 }
+
+/// The worker lists the classification extension, so the gateway passes `classification` on
+/// to it, unless the config names labels for that output: then the gateway classifies, with
+/// them. `backend` mode passes it on regardless.
+#[tokio::test]
+async fn configured_labels_make_the_gateway_classify_for_a_classifying_backend() {
+    let dir = std::env::temp_dir().join(format!("tg-labels-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("labels.txt");
+    std::fs::write(&path, "zero\none\ntwo\n").unwrap();
+    let body = json_body(&json!({
+        "inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [0.5, 2.0, 1.0]}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]
+    }));
+    let classes = |r: &Reply| r.json()["outputs"][0]["data"].clone();
+    let with_labels = |c: &mut tensorgate::config::Config| {
+        c.models
+            .entry("identity_fp32".into())
+            .or_default()
+            .labels
+            .insert("OUTPUT0".into(), path.clone());
+    };
+
+    let env = start(Topology::Worker).await;
+    let r = env.infer("identity_fp32", &body).await;
+    assert_eq!(classes(&r), json!(["2.000000:1", "1.000000:2"]));
+    env.shutdown().await;
+
+    let env = start_with(Topology::Worker, with_labels).await;
+    let r = env.infer("identity_fp32", &body).await;
+    assert_eq!(classes(&r), json!(["2.000000:1:one", "1.000000:2:two"]));
+    env.shutdown().await;
+
+    let env = start_with(Topology::Worker, |c| {
+        with_labels(c);
+        for b in &mut c.backends {
+            b.classification = tensorgate::config::ClassificationMode::Backend;
+        }
+    })
+    .await;
+    let r = env.infer("identity_fp32", &body).await;
+    assert_eq!(classes(&r), json!(["2.000000:1", "1.000000:2"]));
+    env.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -322,6 +322,7 @@ pub enum Discovery {
 #[serde(rename_all = "lowercase")]
 pub enum ClassificationMode {
     /// The backend if it lists `classification` in its server metadata, else the gateway.
+    /// An output whose labels the config names is classified by the gateway, with them.
     #[default]
     Auto,
     /// Always the gateway: the backend is asked for the raw tensor.

@@ -29,12 +29,19 @@ pub fn plan(
 ) -> Result<Vec<Classification>, GatewayError> {
     let mut out = Vec::new();
     let in_process = backend.backend.in_process();
-    let gateway_applies = in_process
-        || match backend.classification {
-            ClassificationMode::Gateway => true,
-            ClassificationMode::Backend => false,
-            ClassificationMode::Auto => !backend.capabilities().classification,
-        };
+    // In auto mode, labels configured here win: a backend that classifies would use its
+    // own labels, or none, and the user asked for these.
+    let gateway_applies = |output: &str| {
+        in_process
+            || match backend.classification {
+                ClassificationMode::Gateway => true,
+                ClassificationMode::Backend => false,
+                ClassificationMode::Auto => {
+                    !backend.capabilities().classification
+                        || labels.is_configured(&model.name, output)
+                }
+            }
+    };
     for o in req.outputs.iter().flatten() {
         let Some(k) = o.options.classification.filter(|k| *k > 0) else {
             continue;
@@ -45,7 +52,7 @@ pub fn plan(
                 return Err(unsupported(&o.name, dt).into());
             }
         }
-        if gateway_applies {
+        if gateway_applies(&o.name) {
             out.push(Classification {
                 output: o.name.clone(),
                 k,

@@ -47,6 +47,12 @@ impl Labels {
         })
     }
 
+    /// Whether the config names a label file for this output.
+    pub fn is_configured(&self, model: &str, output: &str) -> bool {
+        self.configured
+            .contains_key(&(model.to_string(), output.to_string()))
+    }
+
     pub fn get(&self, model: &str, output: &str, in_process: bool) -> Option<Arc<Vec<String>>> {
         let key = (model.to_string(), output.to_string());
         self.configured
