@@ -379,7 +379,15 @@ async fn raw_binary_requests() {
         // identity_bytes [-1,-1]: after the batch dimension one variable dimension is left,
         // which raw.rs accepts for BYTES (as Triton accepts dims [1] or [-1]): the whole body
         // is one element.
-        let element: &[u8] = b"hello \"raw\" \xff";
+        let element: &[u8] = if env.topology == Topology::JsonWorker {
+            // JSON strings are UTF-8: bytes that are not cannot reach a JSON-only backend.
+            env.infer("identity_bytes", &raw_body(b"\xff"))
+                .await
+                .assert_error(400, "input 'INPUT0': BYTES element 0 is not valid UTF-8, so it cannot be written as JSON; backend 'backend-0' takes JSON only (no binary tensor extension)");
+            "hello \"raw\" \u{e9}\n".as_bytes()
+        } else {
+            b"hello \"raw\" \xff"
+        };
         let r = env.infer("identity_bytes", &raw_body(element)).await;
         check_common(&env, &r, "identity_bytes");
         r.assert_binary_response();

@@ -253,10 +253,16 @@ impl Attempt<'_> {
             } else {
                 obs.binary_to_json += self.binary_in;
             }
-            Payload::Wire(
-                encode_request(&adapt_request(self.req, caps, classifications), caps.binary)?
-                    .into(),
-            )
+            let encoded =
+                encode_request(&adapt_request(self.req, caps, classifications), caps.binary)
+                    .map_err(|e| {
+                        // Only JSON can fail here, and only for data JSON cannot carry.
+                        e.with_hint(&format!(
+                            "backend '{}' takes JSON only (no binary tensor extension)",
+                            backend.name
+                        ))
+                    })?;
+            Payload::Wire(encoded.into())
         };
         encoding.end(&mut obs.compute_input);
         let _outstanding = Outstanding::new(backend);

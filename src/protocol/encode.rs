@@ -120,7 +120,13 @@ fn put_tensor(
             put_parameters(out, &t.parameters, None);
         }
         out.extend_from_slice(b",\"data\":");
-        write_data(out, t.datatype, &t.data).map_err(|e| e.in_tensor(role, &t.name))?;
+        write_data(out, t.datatype, &t.data).map_err(|e| {
+            let e = e.in_tensor(role, &t.name);
+            match role {
+                Role::Output => e.with_hint("request this output with \"binary_data\": true"),
+                Role::Input => e,
+            }
+        })?;
     }
     out.push(b'}');
     Ok(())

@@ -26,6 +26,14 @@ impl ProtocolError {
         }
     }
 
+    /// Adds what the reader can do about it, after the message.
+    pub fn with_hint(self, hint: &str) -> Self {
+        match self {
+            ProtocolError::Invalid(m) => ProtocolError::Invalid(format!("{m}; {hint}")),
+            ProtocolError::TooLarge(m) => ProtocolError::TooLarge(format!("{m}; {hint}")),
+        }
+    }
+
     /// Prefixes the message with the tensor it concerns, e.g. `input 'INPUT0': `.
     pub fn in_tensor(self, role: Role, name: &str) -> Self {
         let wrap = |m: String| format!("{role} '{name}': {m}");

@@ -178,7 +178,7 @@ fn write_bytes(out: &mut Vec<u8>, data: &[u8]) -> Result<()> {
         };
         let s = std::str::from_utf8(elem).map_err(|_| {
             ProtocolError::invalid(format!(
-                "BYTES element {i} is not valid UTF-8, so it cannot be written as JSON; request this output with \"binary_data\": true"
+                "BYTES element {i} is not valid UTF-8, so it cannot be written as JSON"
             ))
         })?;
         if i > 0 {
@@ -300,7 +300,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "BYTES element 1 is not valid UTF-8, so it cannot be written as JSON; request this output with \"binary_data\": true"
+            "BYTES element 1 is not valid UTF-8, so it cannot be written as JSON"
         );
     }
 }

@@ -19,16 +19,19 @@ pub enum Topology {
     Builtin,
     /// The gateway forwards over HTTP to a `tensorgate worker` started in the same process.
     Worker,
+    /// The same, with the backend set to `encoding = "json"`, as for a server without the
+    /// binary extension: every request and response is transcoded through JSON.
+    JsonWorker,
 }
 
 impl Topology {
-    pub const ALL: [Topology; 2] = [Topology::Builtin, Topology::Worker];
+    pub const ALL: [Topology; 3] = [Topology::Builtin, Topology::Worker, Topology::JsonWorker];
 
     /// The name the gateway reports in `x-tensorgate-backend`.
     pub fn backend_name(self) -> &'static str {
         match self {
             Topology::Builtin => "builtin",
-            Topology::Worker => "backend-0",
+            Topology::Worker | Topology::JsonWorker => "backend-0",
         }
     }
 }
@@ -78,9 +81,13 @@ pub async fn start(topology: Topology) -> Env {
 pub async fn start_with(topology: Topology, adjust: impl FnOnce(&mut Config)) -> Env {
     let (mut config, worker) = match topology {
         Topology::Builtin => (builtin_config(), None),
-        Topology::Worker => {
+        Topology::Worker | Topology::JsonWorker => {
             let w = start_worker().await;
-            (front_config(&format!("http://{}", w.addr)), Some(w))
+            let mut c = front_config(&format!("http://{}", w.addr));
+            if topology == Topology::JsonWorker {
+                c.backends[0].encoding = tensorgate::config::Encoding::Json;
+            }
+            (c, Some(w))
         }
     };
     adjust(&mut config);
