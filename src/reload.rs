@@ -17,16 +17,18 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub type Loader = Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
 async fn apply(gateway: &Gateway, load: &Loader, why: &str) {
+    // `Gateway::reload` counts its own outcome; a file that does not load counts here.
     let result = match load() {
         Ok(config) => gateway.reload(config).await,
-        Err(e) => Err(e),
+        Err(e) => {
+            gateway
+                .metrics
+                .config_reloads
+                .with_label_values(&["failure"])
+                .inc();
+            Err(e)
+        }
     };
-    let outcome = if result.is_ok() { "success" } else { "failure" };
-    gateway
-        .metrics
-        .config_reloads
-        .with_label_values(&[outcome])
-        .inc();
     match result {
         Ok(()) => tracing::info!(trigger = why, "config reloaded"),
         Err(e) => {

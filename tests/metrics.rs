@@ -264,3 +264,177 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
     assert!(stale.is_empty(), "{stale:?}");
     gw.shutdown().await;
 }
+
+/// The fleet's counters: a backend that dies after discovery refuses one request, which is
+/// retried on the other (a JSON-only one, so tensors are transcoded both ways) and ejects
+/// it; a request past its deadline counts as a timeout; a reload counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_ejections_timeouts_transcoding_and_reloads_count_exactly() {
+    let worker =
+        || tensorgate::run::start(Config::worker("127.0.0.1:0".parse().unwrap(), &[]), false);
+    let (dying, living) = (worker().await.unwrap(), worker().await.unwrap());
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config
+        .set_backends(&[
+            format!("http://{}", dying.addr),
+            format!("http://{}", living.addr),
+        ])
+        .unwrap();
+    config.backends[1].encoding = tensorgate::config::Encoding::Json;
+    config.fleet.refresh_interval_ms = 600_000;
+    config.fleet.eject_after_failures = 1;
+    config.fleet.eject_base_ms = 600_000;
+    let gw = tensorgate::run::start(config.clone(), true).await.unwrap();
+    dying.shutdown().await;
+    let client = reqwest::Client::new();
+    let metrics_url = format!("http://{}/metrics", gw.metrics_addr.unwrap());
+    let scrape = || async {
+        parse(
+            &reqwest::get(&metrics_url)
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+    };
+    let value = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+
+    let header = br#"{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}],"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]}"#;
+    let mut body = header.to_vec();
+    body.extend(
+        [1.5f32, -2.0, 3.25, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes()),
+    );
+    let (mut sent, mut received, mut served) = (0u64, 0u64, 0u64);
+    let started = std::time::Instant::now();
+    // Balancing picks either backend; keep sending until the dead one has been tried.
+    for _ in 0..200 {
+        let r = client
+            .post(format!("http://{}/v2/models/identity_fp32/infer", gw.addr))
+            .header("inference-header-content-length", header.len().to_string())
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-tensorgate-backend"], "backend-1");
+        sent += body.len() as u64;
+        received += r.bytes().await.unwrap().len() as u64;
+        served += 1;
+        if value(
+            &scrape().await,
+            "tensorgate_backend_ejections_total{backend=\"backend-0\"}",
+        ) > 0.0
+        {
+            break;
+        }
+    }
+    let timeout = serde_json::to_vec(&json!({
+        "parameters": {"timeout": 1},
+        "inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
+    }))
+    .unwrap();
+    let r = client
+        .post(format!("http://{}/v2/models/identity_fp32/infer", gw.addr))
+        .body(timeout.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    sent += timeout.len() as u64;
+    received += r.bytes().await.unwrap().len() as u64;
+    let elapsed_us = started.elapsed().as_micros() as f64;
+    gw.gateway.reload(config).await.unwrap();
+
+    let m = scrape().await;
+    let ejections = "tensorgate_backend_ejections_total{backend=\"backend-0\"}";
+    assert_eq!(
+        value(&m, ejections),
+        1.0,
+        "the dead backend was never tried"
+    );
+    assert_eq!(
+        value(&m, "tensorgate_backend_ejected{backend=\"backend-0\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "tensorgate_backend_ejected{backend=\"backend-1\"}"),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_backend_retries_total{backend=\"backend-0\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_backend_retries_total{backend=\"backend-1\"}"
+        ),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_request_timeouts_total{model=\"identity_fp32\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "nv_inference_request_failure{model=\"identity_fp32\",reason=\"CANCELED\",version=\"1\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "nv_inference_request_success{model=\"identity_fp32\",version=\"1\"}"
+        ),
+        served as f64
+    );
+    // FP32 [1,4]: 16 bytes in each direction per request served.
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_transcoded_bytes_total{direction=\"binary_to_json\"}"
+        ),
+        16.0 * served as f64
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_transcoded_bytes_total{direction=\"json_to_binary\"}"
+        ),
+        16.0 * served as f64
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tensorgate_received_bytes_total{model=\"identity_fp32\"}"
+        ),
+        sent as f64
+    );
+    assert_eq!(
+        value(&m, "tensorgate_sent_bytes_total{model=\"identity_fp32\"}"),
+        received as f64
+    );
+    let duration_us = value(
+        &m,
+        "nv_inference_request_duration_us{model=\"identity_fp32\",version=\"1\"}",
+    );
+    assert!(
+        duration_us > 0.0 && duration_us <= elapsed_us,
+        "{duration_us} of {elapsed_us}"
+    );
+    assert_eq!(
+        value(&m, "tensorgate_config_reloads_total{result=\"success\"}"),
+        1.0
+    );
+    gw.shutdown().await;
+    living.shutdown().await;
+}

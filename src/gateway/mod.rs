@@ -98,6 +98,16 @@ impl Gateway {
     /// Applies a new config: backends (with DNS resolved again), model settings and labels.
     /// Requests in flight finish on the backends they hold.
     pub async fn reload(&self, config: Config) -> Result<(), String> {
+        let result = self.apply_config(config).await;
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        self.metrics
+            .config_reloads
+            .with_label_values(&[outcome])
+            .inc();
+        result
+    }
+
+    async fn apply_config(&self, config: Config) -> Result<(), String> {
         let _serial = self.reload_lock.lock().await;
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;
