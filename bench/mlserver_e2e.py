@@ -1,6 +1,8 @@
 """tritonclient against MLServer directly (JSON) and through tensorgate (binary), with the
-same model and load: 4 client threads for a fixed time each. Prints JSON results."""
+same model and load: 4 client threads for a fixed time each, in interleaved rounds. Prints
+JSON results (medians, and the ratio of each round)."""
 import json
+import statistics
 import sys
 import threading
 import time
@@ -36,7 +38,16 @@ def run(url, binary):
     return sum(counts) / seconds
 
 
+# Interleaved rounds, reported as medians: a shared VM's speed drifts between minutes, and
+# a single direct run followed by a single gateway run measures the drift as much as the
+# gateway.
+ROUNDS = 3
 run(direct, False)  # warm up
-d = run(direct, False)
-g = run(gateway, True)
-print(json.dumps({"direct_json_rps": d, "gateway_binary_rps": g, "ratio": g / d}))
+run(gateway, True)
+rounds = [(run(direct, False), run(gateway, True)) for _ in range(ROUNDS)]
+print(json.dumps({
+    "direct_json_rps": statistics.median(d for d, _ in rounds),
+    "gateway_binary_rps": statistics.median(g for _, g in rounds),
+    "ratio": statistics.median(g / d for d, g in rounds),
+    "round_ratios": [g / d for d, g in rounds],
+}))

@@ -340,17 +340,97 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge(
-            format!("request body is larger than the limit of {max} bytes (limits.max_body_bytes)"),
-        )),
-        Err(e) => Err(GatewayError::BadRequest(format!(
-            "cannot read the request body: {e}"
-        ))),
+    let too_large = || {
+        GatewayError::PayloadTooLarge(format!(
+            "request body is larger than the limit of {max} bytes (limits.max_body_bytes)"
+        ))
+    };
+    // A Content-Length over the limit is refused before a byte of the body is read.
+    let expected = http_body::Body::size_hint(&body).lower();
+    if expected > max as u64 {
+        return Err(too_large());
     }
+    // One chunk is kept as it came (no copy). Several are copied, as they arrive, into one
+    // buffer sized from Content-Length, so that each chunk, and the read buffer it pins, is
+    // released at once: collecting them all and then joining them would hold every body
+    // twice at its peak.
+    let mut body = std::pin::pin!(Limited::new(body, max));
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                too_large()
+            } else {
+                GatewayError::BadRequest(format!("cannot read the request body: {e}"))
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing for v2
+        };
+        if let Some(buf) = joined.as_mut() {
+            buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let capacity = (expected as usize).max(head.len() + data.len());
+            let mut buf = bytes::BytesMut::with_capacity(capacity);
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            joined = Some(buf);
+        } else {
+            first = Some(data);
+        }
+    }
+    Ok(joined
+        .map(bytes::BytesMut::freeze)
+        .or(first)
+        .unwrap_or_default())
 }
 
 pub(crate) fn status_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
     crate::body::json_response(status, &v)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    use super::*;
+
+    fn chunked(
+        parts: &[&'static [u8]],
+    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_whole_and_within_the_limit() {
+        let one = read_body(http_body_util::Full::new(Bytes::from_static(b"abc")), 10)
+            .await
+            .unwrap();
+        assert_eq!(one, "abc");
+        let joined = read_body(chunked(&[b"ab", b"", b"cde", b"f"]), 10)
+            .await
+            .unwrap();
+        assert_eq!(joined, "abcdef");
+        assert_eq!(read_body(chunked(&[]), 10).await.unwrap(), "");
+        let over = read_body(chunked(&[b"abcdef", b"ghijk"]), 10)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            over.message(),
+            "request body is larger than the limit of 10 bytes (limits.max_body_bytes)"
+        );
+        // A declared length over the limit is refused before reading.
+        let declared = read_body(http_body_util::Full::new(Bytes::from_static(&[0; 11])), 10)
+            .await
+            .unwrap_err();
+        assert_eq!(declared.message(), over.message());
+    }
 }
