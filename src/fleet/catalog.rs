@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::BackendHandle;
 use crate::protocol::ModelMetadata;
@@ -15,6 +16,30 @@ pub struct CatalogEntry {
     pub ready: Vec<Arc<BackendHandle>>,
     /// The consistent-hash table over `ready`, for sequences.
     pub maglev: Arc<Maglev>,
+    /// The tables this model had before its last membership changes, newest first, kept for
+    /// one sequence idle timeout: a sequence that started under one of them lives on that
+    /// table's owner, and a replica that never saw the sequence can only find it there.
+    pub history: Vec<PastTable>,
+}
+
+/// A hash table that stopped being current less than a sequence idle timeout ago.
+#[derive(Clone)]
+pub struct PastTable {
+    /// The member keys, by table index.
+    pub members: Arc<[String]>,
+    pub maglev: Arc<Maglev>,
+    pub replaced_at: Instant,
+}
+
+/// At most this many past tables per model: a rolling update changes membership once per
+/// backend, and each past owner may cost a rejected attempt on a request's path.
+pub const MAX_HISTORY: usize = 4;
+
+/// How long past tables are kept, and the current time (a parameter, for tests).
+#[derive(Clone, Copy)]
+pub struct HistoryWindow {
+    pub keep: Duration,
+    pub now: Instant,
 }
 
 #[derive(Clone, Default)]
@@ -26,10 +51,12 @@ impl Catalog {
     /// The first backend (in config order) that reports a model provides its metadata, so the
     /// choice is the same on every replica.
     /// Tables whose membership (and size) did not change are taken from `previous`.
+    /// A model whose membership changed keeps the table it had in its `history`.
     pub fn build(
         backends: &[Arc<BackendHandle>],
         previous: &Catalog,
         table_size: usize,
+        window: HistoryWindow,
     ) -> Catalog {
         let mut models: BTreeMap<String, CatalogEntry> = BTreeMap::new();
         for h in backends {
@@ -42,6 +69,7 @@ impl Catalog {
                     metadata: Arc::new(m.metadata.clone()),
                     ready: Vec::new(),
                     maglev: Arc::new(Maglev::new(&[], table_size)),
+                    history: Vec::new(),
                 });
                 if m.ready {
                     entry.ready.push(h.clone());
@@ -69,6 +97,11 @@ impl Catalog {
                 })
                 .clone();
         }
+        for (name, e) in models.iter_mut() {
+            if let Some(prev) = previous.models.get(name) {
+                e.history = history_after(prev, e, window);
+            }
+        }
         Catalog { models }
     }
 
@@ -82,7 +115,112 @@ impl Catalog {
     }
 }
 
+/// The past tables of a model whose entry was `prev` and is now `now`: `prev`'s table joins
+/// them if it differs, and tables older than the window, or beyond `MAX_HISTORY`, are
+/// dropped.
+fn history_after(prev: &CatalogEntry, now: &CatalogEntry, window: HistoryWindow) -> Vec<PastTable> {
+    let mut history = Vec::with_capacity(MAX_HISTORY);
+    let changed = signature(&prev.ready) != signature(&now.ready)
+        || prev.maglev.table_size() != now.maglev.table_size();
+    if changed && !prev.ready.is_empty() {
+        history.push(PastTable {
+            members: prev.ready.iter().map(|h| h.key.clone()).collect(),
+            maglev: prev.maglev.clone(),
+            replaced_at: window.now,
+        });
+    }
+    history.extend(
+        prev.history
+            .iter()
+            .filter(|t| window.now.saturating_duration_since(t.replaced_at) < window.keep)
+            .cloned(),
+    );
+    history.truncate(MAX_HISTORY);
+    history
+}
+
 /// The membership a table is built from: the key and weight of each ready backend, in order.
 fn signature(ready: &[Arc<BackendHandle>]) -> Vec<(String, u32)> {
     ready.iter().map(|h| (h.key.clone(), h.weight)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIZE: usize = 65_537;
+
+    fn handles(keys: &[&str]) -> Vec<Arc<BackendHandle>> {
+        keys.iter()
+            .map(|k| Arc::new(BackendHandle::for_test(k, 1, &["m"])))
+            .collect()
+    }
+
+    fn members(t: &PastTable) -> Vec<&str> {
+        t.members.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn a_membership_change_keeps_the_past_table_for_the_window() {
+        let t0 = Instant::now();
+        let keep = Duration::from_secs(60);
+        let at = |secs| HistoryWindow {
+            keep,
+            now: t0 + Duration::from_secs(secs),
+        };
+        let three = handles(&["http://a", "http://b", "http://c"]);
+        let mut four = three.clone();
+        four.extend(handles(&["http://d"]));
+
+        let c0 = Catalog::build(&three, &Catalog::default(), SIZE, at(0));
+        assert!(c0.get("m").unwrap().history.is_empty());
+
+        let c1 = Catalog::build(&four, &c0, SIZE, at(10));
+        let e1 = c1.get("m").unwrap();
+        assert_eq!(e1.history.len(), 1);
+        assert_eq!(
+            members(&e1.history[0]),
+            ["http://a", "http://b", "http://c"]
+        );
+        assert!(Arc::ptr_eq(
+            &e1.history[0].maglev,
+            &c0.get("m").unwrap().maglev
+        ));
+
+        // No change: the history stays as it was, until the window has passed.
+        let c2 = Catalog::build(&four, &c1, SIZE, at(69));
+        assert_eq!(c2.get("m").unwrap().history.len(), 1);
+        let c3 = Catalog::build(&four, &c2, SIZE, at(70));
+        assert!(c3.get("m").unwrap().history.is_empty());
+    }
+
+    #[test]
+    fn history_is_newest_first_and_capped() {
+        let t0 = Instant::now();
+        let keys = [
+            "http://a", "http://b", "http://c", "http://d", "http://e", "http://f", "http://g",
+        ];
+        let all = handles(&keys);
+        let mut catalog = Catalog::build(
+            &all[..1],
+            &Catalog::default(),
+            SIZE,
+            HistoryWindow {
+                keep: Duration::from_secs(600),
+                now: t0,
+            },
+        );
+        // A rolling update: one backend joins at a time.
+        for n in 2..=keys.len() {
+            let window = HistoryWindow {
+                keep: Duration::from_secs(600),
+                now: t0 + Duration::from_secs(n as u64),
+            };
+            catalog = Catalog::build(&all[..n], &catalog, SIZE, window);
+        }
+        let history = &catalog.get("m").unwrap().history;
+        assert_eq!(history.len(), MAX_HISTORY);
+        let sizes: Vec<usize> = history.iter().map(|t| t.members.len()).collect();
+        assert_eq!(sizes, [6, 5, 4, 3]);
+    }
 }

@@ -10,7 +10,7 @@ pub mod health;
 pub mod http;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use crate::models::{builtin_models, BuiltinSettings};
 use crate::protocol::metadata::extensions;
 use crate::protocol::ServerMetadata;
 use backend::{Backend, DiscoveredModel};
-pub use catalog::{Catalog, CatalogEntry};
+pub use catalog::{Catalog, CatalogEntry, HistoryWindow, PastTable};
 use discovery::Resolve;
 use health::{EjectionPolicy, Health};
 
@@ -86,6 +86,48 @@ impl BackendHandle {
         self.state.load().capabilities
     }
 
+    /// A handle with no backend behind it that reports `models` ready, for tests of the
+    /// catalog and of routing.
+    #[cfg(test)]
+    pub fn for_test(key: &str, weight: u32, models: &[&str]) -> BackendHandle {
+        let models = models
+            .iter()
+            .map(|m| {
+                let metadata = crate::protocol::ModelMetadata {
+                    name: m.to_string(),
+                    versions: vec![],
+                    platform: String::new(),
+                    inputs: vec![],
+                    outputs: vec![],
+                };
+                (
+                    m.to_string(),
+                    DiscoveredModel {
+                        metadata,
+                        ready: true,
+                    },
+                )
+            })
+            .collect();
+        BackendHandle {
+            name: key.trim_start_matches("http://").to_string(),
+            key: key.to_string(),
+            backend: Arc::new(builtin::BuiltinBackend::new(Default::default())),
+            encoding: Encoding::Auto,
+            classification: ClassificationMode::Auto,
+            weight,
+            only_models: vec![],
+            state: ArcSwap::from_pointee(BackendState {
+                reachable: true,
+                models,
+                ..BackendState::default()
+            }),
+            outstanding: AtomicUsize::new(0),
+            health: Health::default(),
+            failed_checks: AtomicU32::new(0),
+        }
+    }
+
     /// Whether this handle can stand for `b` at `url` after a reload, keeping its health,
     /// state and pooled connections.
     fn same_as(&self, name: &str, url: &str, b: &BackendConfig) -> bool {
@@ -111,6 +153,8 @@ pub struct Fleet {
     unhealthy_after_checks: u32,
     /// `fleet.hash_table_size`; a reload may change it.
     hash_table_size: AtomicUsize,
+    /// `fleet.sequence_idle_timeout_ms`: how long a model's past hash tables are kept.
+    history_ms: AtomicU64,
     pub ejection: EjectionPolicy,
     /// Serializes reconciliations (reload and DNS) so that they cannot interleave.
     reconcile_lock: tokio::sync::Mutex<()>,
@@ -135,6 +179,7 @@ impl Fleet {
             probe_timeout: Duration::from_millis(config.fleet.probe_timeout_ms),
             unhealthy_after_checks: config.fleet.unhealthy_after_checks.max(1),
             hash_table_size: AtomicUsize::new(config.fleet.hash_table_size),
+            history_ms: AtomicU64::new(config.fleet.sequence_idle_timeout_ms),
             ejection: EjectionPolicy {
                 after_failures: config.fleet.eject_after_failures.max(1),
                 base: Duration::from_millis(config.fleet.eject_base_ms),
@@ -193,6 +238,8 @@ impl Fleet {
             .store(Arc::new(config.models.keys().cloned().collect()));
         self.hash_table_size
             .store(config.fleet.hash_table_size, Ordering::Relaxed);
+        self.history_ms
+            .store(config.fleet.sequence_idle_timeout_ms, Ordering::Relaxed);
         self.backends.store(Arc::new(new));
         drop(_guard);
         self.refresh().await;
@@ -257,10 +304,15 @@ impl Fleet {
         let previous = self.catalog.load_full();
         // Building hash tables takes milliseconds; keep it off the async workers.
         let table_size = self.hash_table_size.load(Ordering::Relaxed);
-        let catalog =
-            tokio::task::spawn_blocking(move || Catalog::build(&backends, &previous, table_size))
-                .await
-                .expect("building the catalog does not panic");
+        let window = HistoryWindow {
+            keep: Duration::from_millis(self.history_ms.load(Ordering::Relaxed)),
+            now: std::time::Instant::now(),
+        };
+        let catalog = tokio::task::spawn_blocking(move || {
+            Catalog::build(&backends, &previous, table_size, window)
+        })
+        .await
+        .expect("building the catalog does not panic");
         self.catalog.store(Arc::new(catalog));
         self.refreshed_once.store(true, Ordering::Release);
     }

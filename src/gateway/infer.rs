@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::classification::{self, Classification};
 use super::handlers::lookup;
+use super::labels::Labels;
 use super::observe::{traceparent, Observation, Phase};
 use super::respond::{adapt_request, client_response};
 use super::Gateway;
@@ -23,8 +24,9 @@ use crate::fleet::BackendHandle;
 use crate::protocol::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
     decode_request, decode_response, encode_request, expand_raw, validate_request, InferRequest,
-    Limits, RequestBody, HEADER_CONTENT_LENGTH,
+    Limits, ModelMetadata, RequestBody, HEADER_CONTENT_LENGTH,
 };
+use crate::routing::Route;
 
 pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
@@ -69,6 +71,7 @@ struct Attempt<'a> {
     limits: &'a Limits,
     model: &'a str,
     version: Option<&'a str>,
+    metadata: &'a ModelMetadata,
     req: &'a InferRequest,
     body: &'a Bytes,
     header_length: Option<&'a [u8]>,
@@ -81,10 +84,12 @@ struct Attempt<'a> {
     binary_in: u64,
 }
 
-/// How an attempt failed: `retryable` when nothing reached the backend.
+/// How an attempt failed: `retryable` when nothing reached the backend; `rejected` when the
+/// backend answered 400, refusing the request without acting on it.
 struct Failure {
     error: GatewayError,
     retryable: bool,
+    rejected: bool,
 }
 
 impl<E: Into<GatewayError>> From<E> for Failure {
@@ -92,6 +97,7 @@ impl<E: Into<GatewayError>> From<E> for Failure {
         Failure {
             error: error.into(),
             retryable: false,
+            rejected: false,
         }
     }
 }
@@ -161,6 +167,7 @@ pub async fn infer(
         limits: &limits,
         model,
         version,
+        metadata: &entry.metadata,
         req: &req,
         body: &body,
         header_length,
@@ -176,20 +183,25 @@ pub async fn infer(
     let mut refused: Option<String> = None;
     let mut refusal: Option<GatewayError> = None;
     loop {
-        let backend = match gw
+        let route = match gw
             .router
             .route(&entry, model, &req.options, refused.as_deref())
         {
-            Ok(b) => b,
+            Ok(r) => r,
             // The backend that refused was the only one: its error is the answer.
             Err(e) => {
                 obs.retried_from = None;
                 return Err(refusal.unwrap_or(e));
             }
         };
-        obs.backend = Some(backend.name.clone());
-        let classifications = classification::plan(&req, &entry.metadata, &backend, &labels)?;
-        match attempt.run(&backend, &classifications, obs).await {
+        let backend = route.backend.clone();
+        let outcome = match attempt.on(&backend, &labels, obs).await {
+            Err(f) if f.rejected && !route.fallbacks.is_empty() => {
+                attempt.fall_back(route, f, &labels, obs).await
+            }
+            other => other,
+        };
+        match outcome {
             // The gateway adds the backend's name to the response, error or not.
             Ok(response) => return Ok(response),
             // Only a request whose connection was refused before any byte was sent is
@@ -224,6 +236,53 @@ pub async fn infer(
 }
 
 impl Attempt<'_> {
+    /// One attempt on `backend`, with the classifications it needs from the gateway.
+    async fn on(
+        &self,
+        backend: &BackendHandle,
+        labels: &Labels,
+        obs: &mut Observation,
+    ) -> Result<Response<Body>, Failure> {
+        obs.backend = Some(backend.name.clone());
+        let classifications = classification::plan(self.req, self.metadata, backend, labels)?;
+        self.run(backend, &classifications, obs).await
+    }
+
+    /// After the hash's backend rejected a sequence request this replica had no pin for,
+    /// tries the sequence's owners under the model's past tables, in order, while they
+    /// reject it too. A rejection (400) changed no state, so nothing runs twice. The one
+    /// that serves the request becomes the sequence's pin; if none does, the first
+    /// rejection is the answer.
+    async fn fall_back(
+        &self,
+        route: Route,
+        first: Failure,
+        labels: &Labels,
+        obs: &mut Observation,
+    ) -> Result<Response<Body>, Failure> {
+        let router = &self.gw.router;
+        for past_owner in &route.fallbacks {
+            tracing::info!(
+                model = self.model,
+                backend = %route.backend.name,
+                past_owner = %past_owner.name,
+                "sequence unknown to its hash owner; trying its owner before the last fleet change"
+            );
+            obs.retried_from = Some(route.backend.name.clone());
+            match self.on(past_owner, labels, obs).await {
+                Ok(response) => {
+                    router.repin(self.model, &self.req.options, past_owner);
+                    return Ok(response);
+                }
+                Err(f) if f.rejected => continue,
+                Err(f) => return Err(f),
+            }
+        }
+        router.unpin(self.model, &self.req.options);
+        obs.backend = Some(route.backend.name.clone());
+        Err(first)
+    }
+
     async fn run(
         &self,
         backend: &BackendHandle,
@@ -281,12 +340,18 @@ impl Attempt<'_> {
             Ok(r) => r,
             Err(e) => {
                 let retryable = matches!(e, BackendError::Connect(_));
+                let rejected = match &e {
+                    BackendError::Rejected(_) => true,
+                    BackendError::Status { status, .. } => *status == StatusCode::BAD_REQUEST,
+                    _ => false,
+                };
                 if matches!(e, BackendError::Connect(_) | BackendError::Failed(_)) {
                     self.record_failure(backend);
                 }
                 return Err(Failure {
                     error: backend_error(backend, e),
                     retryable,
+                    rejected,
                 });
             }
         };
@@ -310,7 +375,11 @@ impl Attempt<'_> {
                 }
                 if !status.is_success() {
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
-                    return Err(backend_status_error(backend, status, &bytes).into());
+                    return Err(Failure {
+                        error: backend_status_error(backend, status, &bytes),
+                        retryable: false,
+                        rejected: status == StatusCode::BAD_REQUEST,
+                    });
                 }
                 if passthrough {
                     return Ok(pass_through(status, &headers, body));

@@ -36,7 +36,9 @@ pub fn describe_sequence(id: &SequenceId) -> String {
 }
 
 /// Power of two choices on outstanding requests, among backends not ejected (all of them
-/// if every one is ejected, rather than failing outright).
+/// if every one is ejected, rather than failing outright). The two candidates are drawn in
+/// proportion to their weights and compared by outstanding requests per unit of weight, so
+/// weights hold both when idle (the first draw wins ties) and under load.
 pub fn pick_by_load(
     candidates: &[Arc<BackendHandle>],
     exclude: Option<&str>,
@@ -56,12 +58,8 @@ pub fn pick_by_load(
     match usable.len() {
         0 => None,
         1 => Some(usable[0].clone()),
-        n => {
-            let a = fastrand::usize(..n);
-            let mut b = fastrand::usize(..n - 1);
-            if b >= a {
-                b += 1;
-            }
+        _ => {
+            let (a, b) = two_by_weight(&usable);
             let load =
                 |h: &BackendHandle| h.outstanding.load(Ordering::Relaxed) as f64 / h.weight as f64;
             Some(if load(usable[b]) < load(usable[a]) {
@@ -71,6 +69,46 @@ pub fn pick_by_load(
             })
         }
     }
+}
+
+/// Two distinct indices of `usable` (at least two long), each drawn with probability
+/// proportional to weight (the second among the rest).
+fn two_by_weight(usable: &[&Arc<BackendHandle>]) -> (usize, usize) {
+    let n = usable.len();
+    if usable.iter().all(|h| h.weight == usable[0].weight) {
+        let a = fastrand::usize(..n);
+        let mut b = fastrand::usize(..n - 1);
+        if b >= a {
+            b += 1;
+        }
+        return (a, b);
+    }
+    let weight = |i: usize| u64::from(usable[i].weight.max(1));
+    let total: u64 = (0..n).map(weight).sum();
+    let draw = |skip: Option<usize>, total: u64| {
+        let mut r = fastrand::u64(..total);
+        for i in (0..n).filter(|i| Some(*i) != skip) {
+            if r < weight(i) {
+                return i;
+            }
+            r -= weight(i);
+        }
+        unreachable!("r < total, the sum of the weights drawn over")
+    };
+    let a = draw(None, total);
+    (a, draw(Some(a), total - weight(a)))
+}
+
+/// Where a request goes.
+pub struct Route {
+    pub backend: Arc<BackendHandle>,
+    /// For a request inside a sequence that this replica has no pin for, routed by the
+    /// hash: the owners of the sequence under the model's past tables (newest first) that
+    /// are still ready. After a membership change, a sequence that started under an older
+    /// table lives on its owner there. Another replica would have pinned it, but this one
+    /// cannot tell, so a backend that rejects the request as an unknown sequence (a 400,
+    /// which changes no state) is followed by these, in order.
+    pub fallbacks: Vec<Arc<BackendHandle>>,
 }
 
 pub struct Router {
@@ -91,10 +129,12 @@ impl Router {
         model: &str,
         opts: &RequestOptions,
         exclude: Option<&str>,
-    ) -> Result<Arc<BackendHandle>, GatewayError> {
+    ) -> Result<Route, GatewayError> {
         let Some(id) = &opts.sequence_id else {
-            return pick_by_load(&entry.ready, exclude).ok_or_else(|| {
-                GatewayError::Unavailable(format!("no healthy backend serves model '{model}'"))
+            let backend = pick_by_load(&entry.ready, exclude).ok_or_else(|| no_backend(model))?;
+            return Ok(Route {
+                backend,
+                fallbacks: Vec::new(),
             });
         };
         if !opts.sequence_start {
@@ -105,7 +145,10 @@ impl Router {
                         if opts.sequence_end {
                             self.pins.remove(model, id);
                         }
-                        Ok(h.clone())
+                        Ok(Route {
+                            backend: h.clone(),
+                            fallbacks: Vec::new(),
+                        })
                     }
                     None => {
                         self.pins.remove(model, id);
@@ -124,9 +167,7 @@ impl Router {
             .maglev
             .lookup(key)
             .map(|i| entry.ready[i].clone())
-            .ok_or_else(|| {
-                GatewayError::Unavailable(format!("no healthy backend serves model '{model}'"))
-            })?;
+            .ok_or_else(|| no_backend(model))?;
         let chosen = if opts.sequence_start
             && (owner.health.is_ejected() || Some(owner.key.as_str()) == exclude)
         {
@@ -142,13 +183,60 @@ impl Router {
         } else {
             owner
         };
+        let fallbacks = if opts.sequence_start {
+            Vec::new()
+        } else {
+            past_owners(entry, key, &chosen.key)
+        };
         if opts.sequence_end {
             self.pins.remove(model, id);
         } else if !self.pins.insert(model, id, &chosen.key) {
             tracing::warn!(model, "sequence pin table is full; routing by hash alone");
         }
-        Ok(chosen)
+        Ok(Route {
+            backend: chosen,
+            fallbacks,
+        })
     }
+
+    /// Forgets the pin `route` made for a request that no backend accepted.
+    pub fn unpin(&self, model: &str, opts: &RequestOptions) {
+        if let Some(id) = &opts.sequence_id {
+            self.pins.remove(model, id);
+        }
+    }
+
+    /// Records that a sequence's request was served by `backend` after a fallback.
+    pub fn repin(&self, model: &str, opts: &RequestOptions, backend: &BackendHandle) {
+        let Some(id) = &opts.sequence_id else { return };
+        if opts.sequence_end {
+            self.pins.remove(model, id);
+        } else if !self.pins.insert(model, id, &backend.key) {
+            tracing::warn!(model, "sequence pin table is full; routing by hash alone");
+        }
+    }
+}
+
+fn no_backend(model: &str) -> GatewayError {
+    GatewayError::Unavailable(format!("no healthy backend serves model '{model}'"))
+}
+
+/// The distinct owners of `key` under `entry`'s past tables that are ready now, other than
+/// `current`, newest table first.
+fn past_owners(entry: &CatalogEntry, key: u64, current: &str) -> Vec<Arc<BackendHandle>> {
+    let mut owners: Vec<Arc<BackendHandle>> = Vec::new();
+    for past in &entry.history {
+        let Some(member) = past.maglev.lookup(key).and_then(|i| past.members.get(i)) else {
+            continue;
+        };
+        if member == current || owners.iter().any(|h| &h.key == member) {
+            continue;
+        }
+        if let Some(h) = entry.ready.iter().find(|h| &h.key == member) {
+            owners.push(h.clone());
+        }
+    }
+    owners
 }
 
 #[cfg(test)]
@@ -158,7 +246,156 @@ const GOLDEN_STRING: u64 = 5227969456568744064;
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
+    use crate::fleet::{Catalog, HistoryWindow};
+    use crate::protocol::RequestOptions;
+
+    const SIZE: usize = 65_537;
+
+    fn handles(keys: &[(&str, u32)]) -> Vec<Arc<BackendHandle>> {
+        keys.iter()
+            .map(|(k, w)| Arc::new(BackendHandle::for_test(k, *w, &["m"])))
+            .collect()
+    }
+
+    fn options(id: u64, start: bool) -> RequestOptions {
+        RequestOptions {
+            sequence_id: Some(SequenceId::Uint(id)),
+            sequence_start: start,
+            ..RequestOptions::default()
+        }
+    }
+
+    #[test]
+    fn weights_hold_when_idle_and_under_load() {
+        fastrand::seed(7);
+        let backends = handles(&[
+            ("http://heavy", 3),
+            ("http://light", 1),
+            ("http://other", 1),
+        ]);
+        let share = |picks: &[String], key: &str| {
+            picks.iter().filter(|k| *k == key).count() as f64 / picks.len() as f64
+        };
+        let idle: Vec<String> = (0..5000)
+            .map(|_| pick_by_load(&backends, None).unwrap().key.clone())
+            .collect();
+        // Draw probabilities 3/5, 1/5, 1/5; idle ties go to the first draw.
+        assert!(
+            (share(&idle, "http://heavy") - 0.6).abs() < 0.03,
+            "{}",
+            share(&idle, "http://heavy")
+        );
+        assert!((share(&idle, "http://light") - 0.2).abs() < 0.03);
+
+        // Under load, outstanding requests per unit of weight decide.
+        backends[0].outstanding.store(6, Ordering::Relaxed); // 2 per unit
+        backends[1].outstanding.store(1, Ordering::Relaxed); // 1 per unit
+        backends[2].outstanding.store(3, Ordering::Relaxed); // 3 per unit
+        for _ in 0..200 {
+            let pick = pick_by_load(&backends, None).unwrap();
+            assert_ne!(
+                pick.key, "http://other",
+                "the most loaded per unit is never picked"
+            );
+        }
+        assert_eq!(
+            pick_by_load(&backends, Some("http://light"))
+                .map(|h| h.key.clone())
+                .as_deref(),
+            Some("http://heavy"),
+            "heavy (2 per unit) beats other (3 per unit)"
+        );
+    }
+
+    #[test]
+    fn an_unpinned_sequence_falls_back_to_its_owners_before_a_join() {
+        let t0 = Instant::now();
+        let window = |secs| HistoryWindow {
+            keep: Duration::from_secs(300),
+            now: t0 + Duration::from_secs(secs),
+        };
+        let all = handles(&[
+            ("http://a", 1),
+            ("http://b", 1),
+            ("http://c", 1),
+            ("http://d", 1),
+        ]);
+        let before = Catalog::build(&all[..3], &Catalog::default(), SIZE, window(0));
+        let after = Catalog::build(&all, &before, SIZE, window(1));
+        let (old, new) = (before.get("m").unwrap(), after.get("m").unwrap());
+        let owner = |e: &CatalogEntry, id: u64| {
+            e.ready[e
+                .maglev
+                .lookup(sequence_key("m", &SequenceId::Uint(id)))
+                .unwrap()]
+            .key
+            .clone()
+        };
+        let moved = (1..1000u64)
+            .find(|id| owner(old, *id) != owner(new, *id))
+            .expect("a join moves some keys");
+        let stayed = (1..1000u64)
+            .find(|id| owner(old, *id) == owner(new, *id))
+            .expect("most keys stay");
+
+        let router = Router::new(100, Duration::from_secs(300));
+        let route = router
+            .route(new, "m", &options(moved, false), None)
+            .unwrap();
+        assert_eq!(route.backend.key, owner(new, moved));
+        let fallbacks: Vec<&str> = route.fallbacks.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(fallbacks, [owner(old, moved).as_str()]);
+
+        // A key that did not move, a start, and a pinned sequence have nothing to fall back to.
+        assert!(router
+            .route(new, "m", &options(stayed, false), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+        let other = moved + 1_000_000;
+        assert!(router
+            .route(new, "m", &options(other, true), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+        assert!(router
+            .route(new, "m", &options(moved, false), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+
+        // Once the window has passed, the hash alone decides.
+        let later = Catalog::build(&all, &after, SIZE, window(301));
+        let fresh = Router::new(100, Duration::from_secs(300));
+        let route = fresh
+            .route(later.get("m").unwrap(), "m", &options(moved, false), None)
+            .unwrap();
+        assert!(route.fallbacks.is_empty());
+    }
+
+    #[test]
+    fn repin_and_unpin_follow_the_fallback() {
+        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
+        let router = Router::new(100, Duration::from_secs(300));
+        router.repin("m", &options(5, false), &backends[1]);
+        assert_eq!(
+            router.pins.get("m", &SequenceId::Uint(5)).as_deref(),
+            Some("http://b")
+        );
+        router.unpin("m", &options(5, false));
+        assert_eq!(router.pins.get("m", &SequenceId::Uint(5)), None);
+        let mut end = options(6, false);
+        end.sequence_end = true;
+        router.repin("m", &end, &backends[0]);
+        assert_eq!(
+            router.pins.get("m", &SequenceId::Uint(6)),
+            None,
+            "an end leaves no pin"
+        );
+    }
 
     #[test]
     fn sequence_keys_are_stable_and_typed() {

@@ -1,0 +1,110 @@
+//! Sequence affinity through a fleet change with several gateway replicas: a replica that
+//! never saw a live sequence must still find its backend after a join moved the sequence's
+//! hash elsewhere (the past-table fallback of `routing::Route`).
+
+mod common_fleet;
+
+use std::collections::BTreeSet;
+
+use common_fleet::*;
+use tensorgate::protocol::SequenceId;
+use tensorgate::routing::sequence_key;
+use tensorgate::run::Running;
+
+const SEQ_MODELS: &[&str] = &["simple", "accumulate"];
+
+/// The owner of sequence `id` of `accumulate` under a replica's current table.
+fn hash_owner(gw: &Running, id: u64) -> String {
+    let catalog = gw.gateway.fleet.catalog();
+    let entry = catalog.get("accumulate").expect("accumulate is served");
+    let key = sequence_key("accumulate", &SequenceId::Uint(id));
+    entry.ready[entry.maglev.lookup(key).expect("a non-empty table")]
+        .name
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn live_sequences_survive_a_join_across_three_replicas() {
+    let workers = Worker::start_many(4, SEQ_MODELS).await;
+    let first3: Vec<&Worker> = workers[..3].iter().collect();
+    let all4: Vec<&Worker> = workers.iter().collect();
+    let fleet = "refresh_interval_ms = 200";
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        gateways.push(start_gateway(gateway_config(&first3, fleet)).await);
+    }
+    let bases: Vec<String> = gateways.iter().map(base).collect();
+
+    // 90 live sequences, each started on one random replica only: the other two have no pin.
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0101);
+    let live: Vec<Seq> = (1..=90).map(|id| Seq::new(id, 5, &mut rng)).collect();
+    let live = drive(live, &bases, 3, 0x5eed_0102, 1)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(live.iter().all(|s| s.next == 1));
+
+    // The 4th worker joins on every replica.
+    for gw in &gateways {
+        gw.reload(gateway_config(&all4, fleet))
+            .await
+            .expect("the reload applies");
+    }
+    let names: BTreeSet<String> = workers.iter().map(|w| w.name.clone()).collect();
+    for gw in &gateways {
+        let ready: BTreeSet<String> = gw
+            .gateway
+            .fleet
+            .catalog()
+            .get("accumulate")
+            .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(ready, names, "every replica has the new worker ready");
+    }
+    // The test is only worth something if the join moved some live sequences' hash.
+    let moved: Vec<u64> = live
+        .iter()
+        .filter(|s| Some(hash_owner(&gateways[0], s.id)) != s.backend)
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        moved.len() >= 5,
+        "only {} live sequences hash elsewhere now",
+        moved.len()
+    );
+
+    // The live sequences finish over random replicas, interleaved with 90 new ones.
+    // Seq::step checks every running sum and that each request reached the backend of the
+    // sequence's start.
+    let fresh: Vec<Seq> = (1001..=1090).map(|id| Seq::new(id, 3, &mut rng)).collect();
+    let mut all = live.clone();
+    all.extend(fresh);
+    let done = drive(all, &bases, 6, 0x5eed_0103, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for s in &done {
+        assert!(s.done(), "sequence {} did not finish", s.id);
+    }
+    for id in &moved {
+        let s = done.iter().find(|s| s.id == *id).unwrap();
+        assert_ne!(s.backend.as_deref(), Some("w3"), "sequence {id} moved");
+    }
+    // Moved sequences really did reach replicas that had never seen them.
+    let unseen_hops = moved
+        .iter()
+        .map(|id| done.iter().find(|s| s.id == *id).unwrap())
+        .filter(|s| s.via[1..].iter().any(|v| *v != s.via[0]))
+        .count();
+    assert!(
+        unseen_hops > 0,
+        "no moved sequence hopped to another replica"
+    );
+    let on_new = done
+        .iter()
+        .filter(|s| s.id > 1000 && s.backend.as_deref() == Some("w3"))
+        .count();
+    assert!(on_new > 0, "no new sequence reached the added worker");
+
+    for gw in gateways {
+        gw.shutdown().await;
+    }
+}
