@@ -109,6 +109,9 @@ fi
 # ---------------------------------------------------------------------------------------
 section "pytest: Python interop suites"
 export TENSORGATE_BIN="$ROOT/target/debug/tensorgate"
+# Debian's prometheus was installed above: the real-Prometheus test must fail, not skip,
+# if it is missing.
+export TG_REQUIRE_PROMETHEUS=1
 # One pytest run per directory, so each finds its own pytest.ini and conftest.py.
 for d in tests/interop tests/observability tests/deploy; do
   if [ -d "$d" ]; then

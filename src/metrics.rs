@@ -1,7 +1,11 @@
 //! Prometheus metrics: Triton-compatible per-model series, so existing dashboards work
 //! against the gateway, and `tensorgate_*` series for what only a gateway sees. Label values
-//! are bounded: models come from the catalog, backends from the config; never ids.
+//! are bounded: models come from the catalog, backends from the config or DNS (and forgotten
+//! when they leave the fleet); never ids.
 
+use std::collections::HashMap;
+
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -21,6 +25,10 @@ pub struct Metrics {
     pub nv_count: IntCounterVec,
     pub nv_exec_count: IntCounterVec,
     pub nv_duration_us: IntCounterVec,
+    pub nv_queue_us: IntCounterVec,
+    pub nv_compute_input_us: IntCounterVec,
+    pub nv_compute_infer_us: IntCounterVec,
+    pub nv_compute_output_us: IntCounterVec,
     pub nv_pending: IntGaugeVec,
     // Gateway series.
     pub requests: IntCounterVec,
@@ -113,6 +121,30 @@ impl Metrics {
                 "Cumulative inference request duration in microseconds, as seen by the gateway",
                 mv,
             ),
+            nv_queue_us: triton_counter(
+                t,
+                "nv_inference_queue_duration_us",
+                "Cumulative microseconds successful requests spent on model lookup and setup before a backend is chosen (the gateway has no queue)",
+                mv,
+            ),
+            nv_compute_input_us: triton_counter(
+                t,
+                "nv_inference_compute_input_duration_us",
+                "Cumulative microseconds successful requests spent decoding, validating and encoding inputs for the backend",
+                mv,
+            ),
+            nv_compute_infer_us: triton_counter(
+                t,
+                "nv_inference_compute_infer_duration_us",
+                "Cumulative microseconds successful requests spent in backend round trips",
+                mv,
+            ),
+            nv_compute_output_us: triton_counter(
+                t,
+                "nv_inference_compute_output_duration_us",
+                "Cumulative microseconds successful requests spent shaping and encoding responses",
+                mv,
+            ),
             nv_pending: triton_gauge(
                 t,
                 "nv_inference_pending_request_count",
@@ -166,7 +198,7 @@ impl Metrics {
             retries: counter(
                 &r,
                 "tensorgate_backend_retries_total",
-                "Requests retried elsewhere after this backend refused a connection",
+                "Requests sent on to another backend after this one refused the connection, or did not know a sequence that an earlier membership placed elsewhere",
                 &["backend"],
             ),
             timeouts: counter(
@@ -217,6 +249,18 @@ impl Metrics {
         }
     }
 
+    /// Drops every series of a backend that `live` does not accept, so that backends removed
+    /// by a reload or by DNS (named `name/IP:port`, so unbounded over time) do not keep
+    /// their label values forever. Requests that found no backend (`none`) are kept.
+    pub fn forget_backends(&self, live: impl Fn(&str) -> bool) {
+        let keep = |b: &str| b == "none" || live(b);
+        forget(&self.duration, &keep);
+        forget(&self.ejections, &keep);
+        forget(&self.retries, &keep);
+        forget(&self.backend_healthy, &keep);
+        forget(&self.backend_ejected, &keep);
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -224,6 +268,24 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("encoding metrics to a Vec cannot fail");
         out
+    }
+}
+
+/// Removes the series of `vec` whose `backend` label `keep` refuses. The vector is read
+/// through its own collector, so no second list of label values has to be kept in step.
+fn forget<T: MetricVecBuilder>(vec: &MetricVec<T>, keep: &dyn Fn(&str) -> bool) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("backend").is_some_and(|b| !keep(b)) {
+                // Only fails when the labels do not match the vector's, which they do.
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 
@@ -252,6 +314,38 @@ impl FailureReason {
             FailureReason::Canceled => "CANCELED",
             FailureReason::Backend => "BACKEND",
             FailureReason::Other => "OTHER",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removed_backends_are_forgotten_everywhere() {
+        let m = Metrics::new(true);
+        for b in ["api/10.0.0.1:8000", "kept", "none"] {
+            m.duration.with_label_values(&["simple", b]).observe(0.1);
+        }
+        for b in ["api/10.0.0.1:8000", "kept"] {
+            m.ejections.with_label_values(&[b]).inc();
+            m.retries.with_label_values(&[b]).inc();
+            m.backend_healthy.with_label_values(&[b]).set(1);
+            m.backend_ejected.with_label_values(&[b]).set(1);
+        }
+        m.forget_backends(|b| b == "kept");
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(!text.contains("10.0.0.1"), "{text}");
+        for series in [
+            r#"tensorgate_request_duration_seconds_count{backend="kept",model="simple"} 1"#,
+            r#"tensorgate_request_duration_seconds_count{backend="none",model="simple"} 1"#,
+            r#"tensorgate_backend_ejections_total{backend="kept"} 1"#,
+            r#"tensorgate_backend_retries_total{backend="kept"} 1"#,
+            r#"tensorgate_backend_healthy{backend="kept"} 1"#,
+            r#"tensorgate_backend_ejected{backend="kept"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
         }
     }
 }

@@ -125,6 +125,15 @@ async fn counters_move_exactly() {
         get(r#"nv_inference_request_success{model="classifier",version="1"}"#),
         1.0
     );
+    // One execution per request that reached a backend; the 400 never did.
+    assert_eq!(
+        get(r#"nv_inference_exec_count{model="classifier",version="1"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_exec_count{model="accumulate",version="1"}"#),
+        1.0
+    );
     assert_eq!(
         get(r#"tensorgate_request_duration_seconds_count{backend="builtin",model="simple"}"#),
         3.0
@@ -185,6 +194,29 @@ async fn counters_move_exactly() {
         );
     }
     assert!(s["last_inference"].as_u64().unwrap() > 0);
+    // Triton's phase series are fed from these same nanoseconds, so they agree to the
+    // microsecond; the phases (successful requests only) are disjoint parts of the
+    // request durations, which count failures too.
+    let us = |name: &str| get(&format!("{name}{{model=\"simple\",version=\"1\"}}"));
+    let ns = |phase: &str| s["inference_stats"][phase]["ns"].as_u64().unwrap();
+    let mut phases = 0.0;
+    for (series, phase) in [
+        ("nv_inference_queue_duration_us", "queue"),
+        ("nv_inference_compute_input_duration_us", "compute_input"),
+        ("nv_inference_compute_infer_duration_us", "compute_infer"),
+        ("nv_inference_compute_output_duration_us", "compute_output"),
+    ] {
+        let v = us(series);
+        assert!(v > 0.0, "{series}");
+        assert_eq!(v, (ns(phase) / 1000) as f64, "{series}");
+        phases += v;
+    }
+    let duration = us("nv_inference_request_duration_us");
+    assert_eq!(duration, (ns("success") / 1000 + ns("fail") / 1000) as f64);
+    assert!(
+        phases <= (ns("success") / 1000) as f64 && phases <= duration,
+        "{phases} of {duration}"
+    );
     let all: Value = reqwest::get(format!("{base}/v2/models/stats"))
         .await
         .unwrap()
@@ -258,8 +290,7 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
     );
     let stale: Vec<&String> = after
         .keys()
-        .filter(|k| k.contains("backend=\"backend-1\"") && k.starts_with("tensorgate_backend_"))
-        .filter(|k| !k.starts_with("tensorgate_backend_ejections"))
+        .filter(|k| k.contains("backend=\"backend-1\""))
         .collect();
     assert!(stale.is_empty(), "{stale:?}");
     gw.shutdown().await;
@@ -431,10 +462,272 @@ async fn retries_ejections_timeouts_transcoding_and_reloads_count_exactly() {
         duration_us > 0.0 && duration_us <= elapsed_us,
         "{duration_us} of {elapsed_us}"
     );
+    // Over HTTP too, the phases of the successful requests fit in the request durations.
+    let phases: f64 = ["queue", "compute_input", "compute_infer", "compute_output"]
+        .iter()
+        .map(|p| {
+            let v = value(
+                &m,
+                &format!("nv_inference_{p}_duration_us{{model=\"identity_fp32\",version=\"1\"}}"),
+            );
+            assert!(v > 0.0, "{p}");
+            v
+        })
+        .sum();
+    assert!(phases <= duration_us, "{phases} of {duration_us}");
+    assert_eq!(
+        value(
+            &m,
+            "nv_inference_exec_count{model=\"identity_fp32\",version=\"1\"}"
+        ),
+        // Every attempt on a backend counts, the refused one included; the timed-out
+        // request never left the gateway (its deadline had passed).
+        served as f64 + 1.0
+    );
     assert_eq!(
         value(&m, "tensorgate_config_reloads_total{result=\"success\"}"),
         1.0
     );
     gw.shutdown().await;
     living.shutdown().await;
+}
+
+/// Backends leave no label values behind: after a reload removes a backend that served,
+/// refused (a retry) and was ejected, none of its series is exposed any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_backend_leaves_no_series() {
+    let worker =
+        || tensorgate::run::start(Config::worker("127.0.0.1:0".parse().unwrap(), &[]), false);
+    let (kept, removed) = (worker().await.unwrap(), worker().await.unwrap());
+    let kept_url = format!("http://{}", kept.addr);
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config
+        .set_backends(&[kept_url.clone(), format!("http://{}", removed.addr)])
+        .unwrap();
+    config.fleet.refresh_interval_ms = 600_000;
+    config.fleet.eject_after_failures = 1;
+    config.fleet.eject_base_ms = 600_000;
+    let gw = tensorgate::run::start(config.clone(), true).await.unwrap();
+    let client = reqwest::Client::new();
+    let metrics_url = format!("http://{}/metrics", gw.metrics_addr.unwrap());
+    let scrape = || async {
+        reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let infer = || async {
+        let r = client
+            .post(format!("http://{}/v2/models/simple/infer", gw.addr))
+            .json(&simple_body(1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.headers()["x-tensorgate-backend"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    // Balancing picks either backend: send until the one to remove has served once, and
+    // then, once it is down, until it has refused a request and been ejected.
+    let mut served_by_removed = false;
+    for _ in 0..200 {
+        if infer().await == "backend-1" {
+            served_by_removed = true;
+            break;
+        }
+    }
+    assert!(served_by_removed, "backend-1 never served");
+    removed.shutdown().await;
+    let ejected = r#"tensorgate_backend_ejections_total{backend="backend-1"} 1"#;
+    for _ in 0..200 {
+        assert_eq!(infer().await, "backend-0");
+        if scrape().await.contains(ejected) {
+            break;
+        }
+    }
+    let before = scrape().await;
+    for series in [
+        r#"tensorgate_request_duration_seconds_count{backend="backend-1",model="simple"} 1"#,
+        r#"tensorgate_backend_retries_total{backend="backend-1"} 1"#,
+        ejected,
+        r#"tensorgate_backend_ejected{backend="backend-1"} 1"#,
+    ] {
+        assert!(before.contains(series), "{series} in\n{before}");
+    }
+
+    config.set_backends(&[kept_url]).unwrap();
+    gw.gateway.reload(config).await.unwrap();
+    let after = scrape().await;
+    assert!(
+        !after.contains(r#"backend="backend-1""#),
+        "series of a removed backend:\n{after}"
+    );
+    // The backend that stayed keeps its series.
+    assert!(
+        after.contains(
+            r#"tensorgate_request_duration_seconds_count{backend="backend-0",model="simple"}"#
+        ),
+        "{after}"
+    );
+    assert!(after.contains(r#"tensorgate_backend_healthy{backend="backend-0"} 1"#));
+    gw.shutdown().await;
+    kept.shutdown().await;
+}
+
+/// `GET /v2/models/{m}/versions/{v}/stats` through the gateway: Triton's shape, key for
+/// key, with counts equal to the requests sent, failures included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_stats_have_tritons_shape_and_count_the_requests() {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    let gw = tensorgate::run::start(config, false).await.unwrap();
+    let base = format!("http://{}", gw.addr);
+    let client = reqwest::Client::new();
+    let stats_url = format!("{base}/v2/models/simple/versions/1/stats");
+    let get_stats = || async {
+        let r = client.get(&stats_url).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    let keys = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {v}"))
+            .keys()
+            .cloned()
+            .collect();
+        k.sort();
+        k
+    };
+    let zero = get_stats().await;
+    assert_eq!(
+        zero["model_stats"][0]["inference_stats"]["success"]["count"],
+        0
+    );
+    assert_eq!(zero["model_stats"][0]["last_inference"], 0);
+
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let started_ms = ms();
+    // Batches 1, 2 and 3, by the versioned and the unversioned path; then two failures.
+    for (batch, path) in [
+        (1, "/v2/models/simple/versions/1/infer"),
+        (2, "/v2/models/simple/infer"),
+        (3, "/v2/models/simple/versions/1/infer"),
+    ] {
+        let r = client
+            .post(format!("{base}{path}"))
+            .json(&simple_body(batch))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let finished_ms = ms();
+    for body in [json!({"inputs": []}), json!({"inputs": "none"})] {
+        let r = client
+            .post(format!("{base}/v2/models/simple/versions/1/infer"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+    }
+
+    let stats = get_stats().await;
+    assert_eq!(keys(&stats), ["model_stats"]);
+    let list = stats["model_stats"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{stats}");
+    let s = &list[0];
+    assert_eq!(
+        keys(s),
+        [
+            "batch_stats",
+            "execution_count",
+            "inference_count",
+            "inference_stats",
+            "last_inference",
+            "name",
+            "version"
+        ]
+    );
+    assert_eq!(s["name"], "simple");
+    assert_eq!(s["version"], "1");
+    assert!(s["batch_stats"].is_array(), "{s}");
+    assert_eq!(s["inference_count"], 6, "batches 1 + 2 + 3");
+    assert_eq!(
+        s["execution_count"], 3,
+        "the failures never reached the model"
+    );
+    let last = s["last_inference"].as_u64().unwrap();
+    assert!(
+        (started_ms..=finished_ms).contains(&last),
+        "{last} outside {started_ms}..={finished_ms}"
+    );
+    let phases = &s["inference_stats"];
+    assert_eq!(
+        keys(phases),
+        [
+            "compute_infer",
+            "compute_input",
+            "compute_output",
+            "fail",
+            "queue",
+            "success"
+        ]
+    );
+    let mut phase_ns = 0;
+    for (name, count) in [
+        ("success", 3),
+        ("fail", 2),
+        ("queue", 3),
+        ("compute_input", 3),
+        ("compute_infer", 3),
+        ("compute_output", 3),
+    ] {
+        let p = &phases[name];
+        assert_eq!(keys(p), ["count", "ns"], "{name}");
+        assert_eq!(p["count"], count, "{name}");
+        let ns = p["ns"].as_u64().unwrap_or_else(|| panic!("{name}: {p}"));
+        assert!(ns > 0, "{name}");
+        if !matches!(name, "success" | "fail") {
+            phase_ns += ns;
+        }
+    }
+    assert!(
+        phase_ns <= phases["success"]["ns"].as_u64().unwrap(),
+        "the phases are parts of the successful requests' durations"
+    );
+
+    // The same entry is in the model's and in the whole list; other versions are 404.
+    let model: Value = client
+        .get(format!("{base}/v2/models/simple/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(model, stats);
+    let r = client
+        .get(format!("{base}/v2/models/simple/versions/2/stats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "model 'simple' has no version '2' (its versions are 1)"})
+    );
+    gw.shutdown().await;
 }

@@ -119,6 +119,7 @@ impl Gateway {
             );
         }
         self.fleet.reconcile(&config).await?;
+        self.forget_removed_backends();
         self.labels.store(Arc::new(labels));
         self.tokens.store(Arc::new(tokens));
         self.config.store(Arc::new(config));
@@ -137,7 +138,20 @@ impl Gateway {
         {
             return Ok(());
         }
-        self.fleet.reconcile(&config).await
+        self.fleet.reconcile(&config).await?;
+        self.forget_removed_backends();
+        Ok(())
+    }
+
+    /// Drops the per-backend series of backends no longer in the fleet: a DNS backend is
+    /// named `name/IP:port`, so without this every address it ever had would stay a label
+    /// value. Also run at each scrape, for a request that finished on a removed backend
+    /// after the fleet was rebuilt.
+    fn forget_removed_backends(&self) {
+        let backends = self.fleet.backends();
+        let live: std::collections::HashSet<&str> =
+            backends.iter().map(|h| h.name.as_str()).collect();
+        self.metrics.forget_backends(|b| live.contains(b));
     }
 
     /// Sets the gauges that describe state rather than events, just before a scrape.
@@ -145,10 +159,9 @@ impl Gateway {
         self.metrics
             .sequence_pins
             .set(self.router.pins.len() as i64);
-        // Backends that a reload or DNS removed must vanish from the state gauges, not
-        // report their last state forever.
-        self.metrics.backend_healthy.reset();
-        self.metrics.backend_ejected.reset();
+        // Backends that a reload or DNS removed must vanish from every series, not report
+        // their last state forever.
+        self.forget_removed_backends();
         for h in self.fleet.backends().iter() {
             let healthy = h.state.load().reachable;
             self.metrics
@@ -235,7 +248,7 @@ impl Gateway {
             bytes_in = obs.bytes_in,
             bytes_out,
             duration_us = elapsed.as_micros() as u64,
-                        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+            sequence_id = obs.sequence.as_deref().unwrap_or("-"),
             traceparent = obs.traceparent.as_deref().unwrap_or("-"),
         );
         response

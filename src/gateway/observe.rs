@@ -53,9 +53,19 @@ struct Counter {
 }
 
 impl Counter {
-    fn add(&self, n: u64, d: Duration) {
+    /// Returns the whole microseconds this addition completes, for the matching `_us`
+    /// counter: fed with them, it always equals `ns / 1000` of this counter, however short
+    /// each request (rounding every request down on its own would lose up to 1 µs each).
+    fn add(&self, n: u64, d: Duration) -> u64 {
         self.count.fetch_add(n, Ordering::Relaxed);
-        self.ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        let ns = d.as_nanos() as u64;
+        let before = self.ns.fetch_add(ns, Ordering::Relaxed);
+        let after = before.wrapping_add(ns);
+        if after >= before {
+            after / 1000 - before / 1000
+        } else {
+            ns / 1000 // the ns counter wrapped; the µs series keeps counting
+        }
     }
 
     fn json(&self) -> Value {
@@ -76,10 +86,14 @@ struct ModelStats {
     compute_output: Counter,
 }
 
-/// The statistics extension's numbers, from the gateway's point of view: `queue` is the time
-/// before a backend is called (reading, routing), `compute_input` decoding, validating and
-/// encoding for the backend, `compute_infer` the backend's round trip, `compute_output`
-/// shaping and encoding the response.
+/// The statistics extension's numbers, from the gateway's point of view (it has no queue):
+/// `queue` is the model's lookup and the request's setup before a backend is chosen,
+/// `compute_input` decoding, validating and encoding for the backend, `compute_infer` the
+/// backend's round trips, `compute_output` shaping and encoding the response. The phases
+/// are counted for successful requests only, as Triton does, and are disjoint parts of the
+/// request's duration; reading the body, routing and shedding are in none of them. The
+/// `nv_inference_*_us` series are fed from these same counters, so they agree with this
+/// endpoint to the microsecond.
 #[derive(Default)]
 pub struct Stats {
     models: DashMap<(String, String), ModelStats>,
@@ -168,10 +182,6 @@ pub fn record_infer(
         .with_label_values(&labels)
         .inc_by(obs.backend_calls);
     metrics
-        .nv_duration_us
-        .with_label_values(&labels)
-        .inc_by(elapsed.as_micros() as u64);
-    metrics
         .duration
         .with_label_values(&[model, obs.backend.as_deref().unwrap_or("none")])
         .observe(elapsed.as_secs_f64());
@@ -205,8 +215,25 @@ pub fn record_infer(
         metrics.retries.with_label_values(&[b]).inc();
     }
 
-    let entry = stats.models.entry((model.clone(), version)).or_default();
+    record_stats(metrics, stats, obs, (model, &version), ok, elapsed);
+}
+
+/// The statistics extension's counters, and the Triton microsecond series fed from them.
+fn record_stats(
+    metrics: &Metrics,
+    stats: &Stats,
+    obs: &Observation,
+    (model, version): (&str, &str),
+    ok: bool,
+    elapsed: Duration,
+) {
+    let labels = [model, version];
+    let entry = stats
+        .models
+        .entry((model.to_string(), version.to_string()))
+        .or_default();
     let s = entry.value();
+    let micros = |c: &prometheus::IntCounterVec, us: u64| c.with_label_values(&labels).inc_by(us);
     if ok {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -215,13 +242,24 @@ pub fn record_infer(
         s.last_inference_ms.store(now_ms, Ordering::Relaxed);
         s.inference_count
             .fetch_add(obs.batch.max(1), Ordering::Relaxed);
-        s.success.add(1, elapsed);
-        s.queue.add(1, obs.queue);
-        s.compute_input.add(1, obs.compute_input);
-        s.compute_infer.add(1, obs.compute_infer);
-        s.compute_output.add(1, obs.compute_output);
+        micros(&metrics.nv_duration_us, s.success.add(1, elapsed));
+        micros(&metrics.nv_queue_us, s.queue.add(1, obs.queue));
+        micros(
+            &metrics.nv_compute_input_us,
+            s.compute_input.add(1, obs.compute_input),
+        );
+        micros(
+            &metrics.nv_compute_infer_us,
+            s.compute_infer.add(1, obs.compute_infer),
+        );
+        micros(
+            &metrics.nv_compute_output_us,
+            s.compute_output.add(1, obs.compute_output),
+        );
     } else {
-        s.fail.add(1, elapsed);
+        // Unlike Triton, failed requests count in the request duration too: a gateway's
+        // failures (timeouts above all) are part of what clients waited for.
+        micros(&metrics.nv_duration_us, s.fail.add(1, elapsed));
     }
     s.execution_count
         .fetch_add(obs.backend_calls, Ordering::Relaxed);
