@@ -331,10 +331,14 @@ impl Attempt<'_> {
             payload,
             headers: self.headers.clone(),
         };
-        obs.backend_calls += 1;
         let inferring = Phase::start();
         let reply = tokio::time::timeout_at(self.deadline, backend.backend.infer(call)).await;
         inferring.end(&mut obs.compute_infer);
+        // An execution is a call that may have reached the backend: a refused connection
+        // did not, a timed-out call may have.
+        if !matches!(reply, Ok(Err(BackendError::Connect(_)))) {
+            obs.backend_calls += 1;
+        }
         let reply = reply.map_err(|_| self.timeout())?;
         let reply = match reply {
             Ok(r) => r,
