@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tensorgate::config::{Config, LogFormat};
-use tensorgate::models::builtin_names;
+use tensorgate::models::{builtin_names, DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS};
 use tensorgate::reload::Loader;
 
 #[derive(Parser)]
@@ -51,6 +51,17 @@ enum Command {
         /// Comma-separated built-in models to serve (default: all).
         #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
         models: Vec<String>,
+        /// How long the `accumulate` model keeps a sequence's running sum without a request
+        /// for it, in milliseconds. After that the sequence is forgotten: its next request
+        /// must set sequence_start again, or it is refused with 400.
+        #[arg(
+            long,
+            value_name = "MS",
+            env = "TENSORGATE_SEQUENCE_IDLE_TIMEOUT_MS",
+            default_value_t = DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS,
+            value_parser = clap::value_parser!(u64).range(1..)
+        )]
+        sequence_idle_timeout_ms: u64,
     },
     /// Check a config file and print each error with its line number, then check that
     /// every file it names (certificates, keys, tokens, labels) can be read from the
@@ -195,7 +206,11 @@ fn main() -> ExitCode {
             });
             (c, true, Some((loader, watch)))
         }
-        Command::Worker { listen, models } => {
+        Command::Worker {
+            listen,
+            models,
+            sequence_idle_timeout_ms,
+        } => {
             let all = builtin_names();
             if let Some(bad) = models.iter().find(|m| !all.contains(m)) {
                 eprintln!(
@@ -204,7 +219,9 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
-            (Config::worker(listen, &models), false, None)
+            let mut c = Config::worker(listen, &models);
+            c.set_sequence_idle_timeout(std::time::Duration::from_millis(sequence_idle_timeout_ms));
+            (c, false, None)
         }
     };
     init_logging(&config.server.log_level, config.server.log_format);

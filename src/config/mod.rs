@@ -396,4 +396,14 @@ impl Config {
         c.models.clear();
         c
     }
+
+    /// Sets how long the built-in sequence model (`accumulate`) keeps the state of a
+    /// sequence that gets no requests: `[models.accumulate] sequence_idle_timeout_ms`,
+    /// which `tensorgate worker --sequence-idle-timeout-ms` sets since a worker has no file.
+    pub fn set_sequence_idle_timeout(&mut self, timeout: Duration) {
+        self.models
+            .entry("accumulate".to_string())
+            .or_default()
+            .sequence_idle_timeout_ms = Some(timeout.as_millis() as u64);
+    }
 }

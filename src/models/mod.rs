@@ -72,6 +72,10 @@ pub(crate) fn input<'a>(req: &'a InferRequest, name: &str) -> Result<&'a Tensor,
         .ok_or_else(|| ModelError::Invalid(format!("input '{name}' is missing")))
 }
 
+/// How long `accumulate` keeps an idle sequence's state unless the config or
+/// `tensorgate worker --sequence-idle-timeout-ms` says otherwise.
+pub const DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS: u64 = 60_000;
+
 /// Settings of the built-in models that come from the config.
 #[derive(Debug, Clone)]
 pub struct BuiltinSettings {
@@ -81,7 +85,7 @@ pub struct BuiltinSettings {
 impl Default for BuiltinSettings {
     fn default() -> Self {
         BuiltinSettings {
-            sequence_idle_timeout: Duration::from_secs(60),
+            sequence_idle_timeout: Duration::from_millis(DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS),
         }
     }
 }

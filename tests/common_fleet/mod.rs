@@ -149,13 +149,33 @@ impl Worker {
     /// Starts a worker on `ip:port` (port 0: a free one) serving `models` (empty: all) and
     /// waits until it is ready.
     pub async fn start(name: &str, ip: &str, port: u16, models: &[&str]) -> Worker {
-        let mut w = Worker::spawn(name, ip, port, models);
+        Worker::start_with(name, ip, port, models, &[], &[]).await
+    }
+
+    /// Like `start`, with more command-line arguments and environment variables for
+    /// `tensorgate worker`.
+    pub async fn start_with(
+        name: &str,
+        ip: &str,
+        port: u16,
+        models: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Worker {
+        let mut w = Worker::spawn(name, ip, port, models, args, envs);
         let client = http_client();
         wait_ready(&client, &w.url, &mut w.process, &w.log).await;
         w
     }
 
-    fn spawn(name: &str, ip: &str, port: u16, models: &[&str]) -> Worker {
+    fn spawn(
+        name: &str,
+        ip: &str,
+        port: u16,
+        models: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Worker {
         let port = if port == 0 { free_port(ip) } else { port };
         let dir = TempDir::new("worker");
         let log = dir.path("worker.log");
@@ -166,6 +186,7 @@ impl Worker {
         if !models.is_empty() {
             cmd.arg("--models").arg(models.join(","));
         }
+        cmd.args(args).envs(envs.iter().copied());
         let child = cmd
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -189,7 +210,7 @@ impl Worker {
     /// Starts `n` workers on 127.0.0.1 named w0, w1, ... in parallel.
     pub async fn start_many(n: usize, models: &[&str]) -> Vec<Worker> {
         let mut workers: Vec<Worker> = (0..n)
-            .map(|i| Worker::spawn(&format!("w{i}"), "127.0.0.1", 0, models))
+            .map(|i| Worker::spawn(&format!("w{i}"), "127.0.0.1", 0, models, &[], &[]))
             .collect();
         let client = http_client();
         for w in &mut workers {
@@ -275,6 +296,25 @@ impl GatewayProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Sends SIGHUP, which makes `serve` reload its config file.
+    pub fn sighup(&self) {
+        let status = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.process.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP failed");
+    }
+}
+
+/// Starts one `tensorgate serve` process per config file, each logging next to its file.
+pub async fn start_gateway_processes(configs: &[PathBuf]) -> Vec<GatewayProcess> {
+    let mut out = Vec::new();
+    for c in configs {
+        out.push(GatewayProcess::start(c, c.with_extension("log")).await);
+    }
+    out
 }
 
 /// Writes a file by renaming a complete temporary file over it, as a config manager would.
@@ -555,4 +595,142 @@ pub async fn ready_models(client: &reqwest::Client, base: &str) -> Vec<String> {
         .filter(|e| e.get("state").and_then(Value::as_str) == Some("READY"))
         .filter_map(|e| e.get("name").and_then(Value::as_str).map(str::to_string))
         .collect()
+}
+
+/// What a `ScriptedBackend` does with an infer request, once it has read all of it.
+#[derive(Debug, Clone, Copy)]
+pub enum OnInfer {
+    /// 200 with OUTPUT0 = [1.5, 2.5].
+    Answer,
+    /// This status, with `{"error": message}`.
+    Fail(u16, &'static str),
+    /// Closes the connection without answering, as a crashing server would.
+    Close,
+    /// Answers as `Answer` after this long.
+    Delay(Duration),
+}
+
+/// A minimal v2 server without the binary extension, serving model `m` (FP32 INPUT0 [-1]
+/// in, FP32 OUTPUT0 out), that counts the infer requests it receives and treats them as
+/// scripted: for what only the backend's side of the wire shows.
+pub struct ScriptedBackend {
+    pub url: String,
+    /// Infer requests whose head arrived.
+    infers_seen: Arc<AtomicUsize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl ScriptedBackend {
+    pub async fn start(on_infer: OnInfer) -> ScriptedBackend {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the scripted backend");
+        let url = format!("http://{}", listener.local_addr().expect("local address"));
+        let infers_seen = Arc::new(AtomicUsize::new(0));
+        let seen = infers_seen.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |r| {
+                        scripted_answer(r, on_infer, seen.clone())
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                });
+            }
+        });
+        ScriptedBackend {
+            url,
+            infers_seen,
+            accept,
+        }
+    }
+
+    pub fn infers(&self) -> usize {
+        self.infers_seen.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ScriptedBackend {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+type ScriptedResponse = hyper::Response<http_body_util::Full<bytes::Bytes>>;
+
+async fn scripted_answer(
+    req: hyper::Request<hyper::body::Incoming>,
+    on_infer: OnInfer,
+    infers_seen: Arc<AtomicUsize>,
+) -> Result<ScriptedResponse, std::io::Error> {
+    use http_body_util::BodyExt;
+    let path = req.uri().path().to_string();
+    let is_infer = path.starts_with("/v2/models/m/") && path.ends_with("/infer");
+    if is_infer {
+        infers_seen.fetch_add(1, Ordering::SeqCst);
+    }
+    // The whole request is read before anything else happens: it has reached the backend.
+    let _ = req.into_body().collect().await;
+    let reply = |status: u16, body: Value| {
+        Ok(hyper::Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .expect("a valid response"))
+    };
+    let answer = json!({
+        "model_name": "m",
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [2], "data": [1.5, 2.5]}],
+    });
+    if is_infer {
+        return match on_infer {
+            OnInfer::Answer => reply(200, answer),
+            OnInfer::Fail(status, message) => reply(status, json!({ "error": message })),
+            // An error from the service makes hyper drop the connection unanswered.
+            OnInfer::Close => Err(std::io::Error::other("scripted close")),
+            OnInfer::Delay(d) => {
+                tokio::time::sleep(d).await;
+                reply(200, answer)
+            }
+        };
+    }
+    match path.as_str() {
+        "/v2/health/ready" | "/v2/health/live" | "/v2/models/m/ready" => reply(200, json!({})),
+        "/v2" => reply(
+            200,
+            json!({"name": "scripted", "version": "1", "extensions": []}),
+        ),
+        "/v2/models/m" => reply(
+            200,
+            json!({
+                "name": "m",
+                "platform": "test",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+                "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+            }),
+        ),
+        "/v2/repository/index" => reply(200, json!([{"name": "m", "state": "READY"}])),
+        _ => reply(404, json!({"error": "not found"})),
+    }
+}
+
+/// A request for the scripted backends' model `m`.
+pub fn m_body(parameters: Option<Value>) -> Value {
+    let mut body = json!({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}],
+    });
+    if let Some(p) = parameters {
+        body["parameters"] = p;
+    }
+    body
 }
