@@ -27,14 +27,57 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// At most this many schema errors are collected before giving up.
+const MAX_SCHEMA_ERRORS: usize = 50;
+
+/// Deserializes `text`, or returns every schema error (unknown keys, wrong types, bad
+/// values), each with its line. serde stops at the first error, so each offending line is
+/// blanked and the text parsed again: a user with three typos sees all three at once.
+/// A syntax error, or an error without a place, ends the search: what follows it cannot be
+/// read reliably.
+fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
+    let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut errors: Vec<ConfigError> = Vec::new();
+    // Keys whose line was blanked: a later "missing field" for one of them is a consequence
+    // of the blanking, not another error.
+    let mut blanked_keys: Vec<String> = Vec::new();
+    let syntax_ok = text.parse::<toml::Table>().is_ok();
+    for _ in 0..MAX_SCHEMA_ERRORS {
+        let current: String = lines.concat();
+        let e = match toml::from_str::<Config>(&current) {
+            Ok(config) if errors.is_empty() => return Ok(config),
+            Ok(_) => return Err(errors),
+            Err(e) => e,
+        };
+        let line = e.span().map(|s| line_of(&current, s.start));
+        let message = e.message().to_string();
+        let consequence = blanked_keys
+            .iter()
+            .any(|k| message == format!("missing field `{k}`"));
+        if !consequence {
+            errors.push(ConfigError { line, message });
+        }
+        let Some(line) = line.filter(|_| syntax_ok && !consequence) else {
+            return Err(errors);
+        };
+        let Some(blanked) = lines.get_mut(line - 1) else {
+            return Err(errors);
+        };
+        if blanked.trim().is_empty() || blanked.trim_start().starts_with('[') {
+            // Nothing to blank, or a table header, whose removal would move its keys.
+            return Err(errors);
+        }
+        if let Some((key, _)) = blanked.split_once('=') {
+            blanked_keys.push(key.trim().trim_matches('"').to_string());
+        }
+        *blanked = "\n";
+    }
+    Err(errors)
+}
+
 /// Parses `text` and checks what serde cannot: backend URLs and unique names.
 pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
-    let config: Config = toml::from_str(text).map_err(|e| {
-        vec![ConfigError {
-            line: e.span().map(|s| line_of(text, s.start)),
-            message: e.message().to_string(),
-        }]
-    })?;
+    let config = deserialize(text)?;
     let mut errors = Vec::new();
     let mut names = HashSet::new();
     for b in &config.backends {
@@ -154,6 +197,26 @@ mod tests {
             .iter()
             .map(|e| e.to_string())
             .collect()
+    }
+
+    #[test]
+    fn every_schema_error_is_reported_with_its_line() {
+        let e = errors(
+            "[server]\nlisen = \"0.0.0.0:1\"\nlog_level = \"info\"\n\n[limits]\nmax_body_bytes = \"big\"\n\n[[backends]]\nname = \"a\"\nurl = 5\nwieght = 2\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`",
+                "line 6: invalid type: string \"big\", expected usize",
+                "line 10: invalid type: integer `5`, expected a string",
+                "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`",
+            ]
+        );
+        // A syntax error ends the search: what follows cannot be read reliably.
+        let e = errors("[server]\nlisen = \"x\"\nlog_level = \n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("line 3: "), "{e:?}");
     }
 
     #[test]
