@@ -5,7 +5,9 @@
 mod common_fleet;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common_fleet::*;
@@ -57,15 +59,25 @@ async fn simple_until_seen(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sequences_keep_one_backend_across_three_replicas() {
+async fn sequences_keep_one_backend_across_three_serve_processes() {
     let workers = Worker::start_many(3, SEQ_MODELS).await;
-    let refs: Vec<&Worker> = workers.iter().collect();
-    let mut gateways = Vec::new();
-    for _ in 0..3 {
-        // Same backend names and URLs on every replica: the hash must agree.
-        gateways.push(start_gateway(gateway_config(&refs, "refresh_interval_ms = 200")).await);
-    }
-    let bases: Vec<String> = gateways.iter().map(base).collect();
+    let pairs: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    // Three `tensorgate serve` processes with the same backend names and URLs: nothing but
+    // the hash, computed alike in each, keeps a sequence on one worker.
+    let dir = TempDir::new("replicas");
+    let text = gateway_toml(&pairs, "refresh_interval_ms = 200");
+    let configs: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let path = dir.path(&format!("replica{i}.toml"));
+            std::fs::write(&path, &text).expect("write a replica's config");
+            path
+        })
+        .collect();
+    let gateways = start_gateway_processes(&configs).await;
+    let bases: Vec<String> = gateways.iter().map(|g| g.base.clone()).collect();
 
     let mut rng = fastrand::Rng::with_seed(0x5eed_0001);
     let seqs: Vec<Seq> = (1..=300)
@@ -102,10 +114,7 @@ async fn sequences_keep_one_backend_across_three_replicas() {
         names,
         "the hash spreads sequences over all workers: {per_backend:?}"
     );
-
-    for g in gateways {
-        g.shutdown().await;
-    }
+    drop(gateways);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -647,4 +656,148 @@ async fn a_reload_is_not_undone_by_a_dns_rediscovery_running_meanwhile() {
     drop(client);
     drop(silent);
     gw.shutdown().await;
+}
+
+/// One request of the background load in the reload test.
+#[derive(Debug)]
+struct Served {
+    /// When it started, among all the load's requests.
+    order: usize,
+    status: u16,
+    backend: Option<String>,
+    /// Status 200 with the right sum.
+    ok: bool,
+}
+
+/// `config reloaded` lines a SIGHUP caused in a gateway's log.
+fn sighup_reloads(g: &GatewayProcess) -> usize {
+    g.log_text()
+        .lines()
+        .filter(|l| l.contains("config reloaded") && l.contains("SIGHUP"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sighup_reloads_under_load_fail_no_request() {
+    let wa = Worker::start("a", "127.0.0.1", 0, &["simple"]).await;
+    let wb = Worker::start("b", "127.0.0.1", 0, &["simple"]).await;
+    let wc = Worker::start("c", "127.0.0.1", 0, &["simple"]).await;
+    let dir = TempDir::new("reload-load");
+    let path = dir.path("gateway.toml");
+    let fleet = "refresh_interval_ms = 200\nwatch_config = false";
+    let config = |backends: &[&Worker]| {
+        let pairs: Vec<(&str, &str)> = backends
+            .iter()
+            .map(|w| (w.name.as_str(), w.url.as_str()))
+            .collect();
+        gateway_toml(&pairs, fleet)
+    };
+    write_atomically(&path, &config(&[&wa, &wb]));
+    let g = GatewayProcess::start(&path, dir.path("gateway.log")).await;
+
+    // Six clients, each on its keep-alive connection, send `simple` requests back to back
+    // (at most 600 each) until told to stop, so that requests are always in flight.
+    let started = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let served: Arc<Mutex<Vec<Served>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for t in 0..6i32 {
+        let (base, started, stop, served) = (
+            g.base.clone(),
+            started.clone(),
+            stop.clone(),
+            served.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let client = http_client();
+            for i in 0..600 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let order = started.fetch_add(1, Ordering::SeqCst);
+                let x = t * 1000 + i;
+                let r = infer_simple(&client, &base, x).await;
+                let ok = r.status == 200 && r.output_int("OUTPUT0") == Some(x as i64 + 1);
+                served.lock().unwrap().push(Served {
+                    order,
+                    status: r.status,
+                    backend: r.backend,
+                    ok,
+                });
+            }
+        }));
+    }
+    let wait_for = |what: &'static str, pred: Box<dyn Fn(&Served) -> bool>, n: usize| {
+        let served = served.clone();
+        async move {
+            let reached = eventually(300, Duration::from_millis(50), || {
+                let n_now = served.lock().unwrap().iter().filter(|s| pred(s)).count();
+                async move { n_now >= n }
+            })
+            .await;
+            assert!(reached, "the load never got {n} responses {what}");
+        }
+    };
+    wait_for("before the reloads", Box::new(|_| true), 60).await;
+
+    // Reload 1 adds worker c, which then takes part of the load.
+    write_atomically(&path, &config(&[&wa, &wb, &wc]));
+    g.sighup();
+    assert!(
+        eventually(150, Duration::from_millis(100), || async {
+            sighup_reloads(&g) >= 1
+        })
+        .await,
+        "the first SIGHUP did not reload; log:\n{}",
+        g.log_text()
+    );
+    wait_for(
+        "from the added worker",
+        Box::new(|s| s.backend.as_deref() == Some("c")),
+        20,
+    )
+    .await;
+
+    // Reload 2 removes worker a while requests to it may be in flight.
+    write_atomically(&path, &config(&[&wb, &wc]));
+    g.sighup();
+    assert!(
+        eventually(150, Duration::from_millis(100), || async {
+            sighup_reloads(&g) >= 2
+        })
+        .await,
+        "the second SIGHUP did not reload; log:\n{}",
+        g.log_text()
+    );
+    let mark = started.load(Ordering::SeqCst);
+    wait_for(
+        "after the second reload",
+        Box::new(move |s| s.order >= mark),
+        60,
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("a load task failed");
+    }
+
+    let served = served.lock().unwrap();
+    let failed: Vec<&Served> = served.iter().filter(|s| !s.ok).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during the reloads: {:?}",
+        failed.len(),
+        served.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(served.iter().all(|s| s.status == 200));
+    assert!(served.iter().any(|s| s.backend.as_deref() == Some("a")));
+    let late_on_a = served
+        .iter()
+        .filter(|s| s.order >= mark && s.backend.as_deref() == Some("a"))
+        .count();
+    assert_eq!(
+        late_on_a, 0,
+        "requests started after the removal reached it"
+    );
 }

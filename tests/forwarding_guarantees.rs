@@ -1,0 +1,148 @@
+//! What the gateway promises about a forwarded request, seen from the backends' side of the
+//! wire: a request that may have reached a backend is never sent to another one, and a
+//! request's deadline (the `timeout` parameter or `[models.NAME] timeout_ms`) cuts a slow
+//! backend short with a 504.
+
+mod common_fleet;
+
+use std::time::Duration;
+
+use common_fleet::*;
+use serde_json::json;
+use tensorgate::run::Running;
+
+/// A gateway in front of the scripted backends, named as given. Ejection is out of the
+/// way, so that a failing backend keeps being picked.
+async fn gateway_for(backends: &[(&str, &ScriptedBackend)], extra: &str) -> Running {
+    let pairs: Vec<(&str, &str)> = backends.iter().map(|(n, b)| (*n, b.url.as_str())).collect();
+    let mut text = gateway_toml(
+        &pairs,
+        "refresh_interval_ms = 200\neject_after_failures = 1000",
+    );
+    text.push_str(extra);
+    let gw = start_gateway(parse_config(&text)).await;
+    let client = http_client();
+    let b = base(&gw);
+    let want = backends.len();
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let (client, b) = (client.clone(), b.clone());
+            async move {
+                let r = client.get(format!("{b}/v2/models/m/ready")).send().await;
+                matches!(r, Ok(r) if r.status() == 200)
+            }
+        })
+        .await,
+        "model m never became ready"
+    );
+    let ready = gw
+        .gateway
+        .fleet
+        .catalog()
+        .get("m")
+        .map(|e| e.ready.len())
+        .unwrap_or(0);
+    assert_eq!(ready, want, "every scripted backend serves m");
+    gw
+}
+
+/// Sends `count` requests for `m` outside any sequence. Each must either be served by
+/// `good`, or fail on `bad` with `status` and `message`; the backends' own counts must then
+/// show that each request reached exactly one of them.
+async fn each_request_reaches_one_backend(
+    gw: &Running,
+    bad: &ScriptedBackend,
+    good: &ScriptedBackend,
+    status: u16,
+    message: &str,
+) {
+    let client = http_client();
+    let b = base(gw);
+    let (mut on_bad, mut on_good) = (0, 0);
+    for i in 0..24 {
+        let r = post_infer(&client, &b, "m", &m_body(None)).await;
+        match r.backend.as_deref() {
+            Some("bad") => {
+                assert_eq!(r.status, status, "request {i}: {r:?}");
+                assert_eq!(r.error(), Some(message), "request {i}: {r:?}");
+                on_bad += 1;
+            }
+            Some("good") => {
+                assert_eq!(r.status, 200, "request {i}: {r:?}");
+                on_good += 1;
+            }
+            other => panic!("request {i} names backend {other:?}: {r:?}"),
+        }
+    }
+    // Two backends picked at random 24 times: both are picked (but for 2^-23 odds).
+    assert!(on_bad > 0, "no request went to the failing backend");
+    assert_eq!(
+        (bad.infers(), good.infers()),
+        (on_bad, on_good),
+        "a request that failed on one backend was sent to the other"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_error_after_the_request_arrived_is_not_retried() {
+    let bad = ScriptedBackend::start(OnInfer::Fail(500, "model crashed")).await;
+    let good = ScriptedBackend::start(OnInfer::Answer).await;
+    let gw = gateway_for(&[("bad", &bad), ("good", &good)], "").await;
+    each_request_reaches_one_backend(&gw, &bad, &good, 500, "backend 'bad': model crashed").await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_after_the_request_arrived_is_not_retried() {
+    let bad = ScriptedBackend::start(OnInfer::Close).await;
+    let good = ScriptedBackend::start(OnInfer::Answer).await;
+    let gw = gateway_for(&[("bad", &bad), ("good", &good)], "").await;
+    let message = format!(
+        "backend 'bad': request to {} failed: client error (SendRequest): connection closed before message completed",
+        bad.url
+    );
+    each_request_reaches_one_backend(&gw, &bad, &good, 502, &message).await;
+    gw.shutdown().await;
+}
+
+const TIMED_OUT: &str = "the request to model 'm' timed out";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_parameter_cuts_a_slow_backend_short() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
+    let gw = gateway_for(&[("slow", &slow)], "").await;
+    let client = http_client();
+
+    // 200 ms, in microseconds: the request reaches the backend, which takes 2 s.
+    let body = m_body(Some(json!({ "timeout": 200_000 })));
+    let r = post_infer(&client, &base(&gw), "m", &body).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(r.backend.as_deref(), Some("slow"));
+    assert_eq!(slow.infers(), 1, "the request was sent, once");
+
+    // Without the parameter the configured default (60 s) lets the backend finish.
+    let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_timeout_from_the_config_cuts_a_slow_backend_short() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
+    let gw = gateway_for(&[("slow", &slow)], "[models.m]\ntimeout_ms = 200\n").await;
+    let client = http_client();
+
+    let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(r.backend.as_deref(), Some("slow"));
+
+    // The `timeout` parameter can shorten the model's deadline, never lengthen it.
+    let body = m_body(Some(json!({ "timeout": 10_000_000 })));
+    let r = post_infer(&client, &base(&gw), "m", &body).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(slow.infers(), 2);
+    gw.shutdown().await;
+}
