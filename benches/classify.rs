@@ -1,5 +1,6 @@
-//! Classification: the top 10 of 1M FP32 values (the target: 500 M elements/s), and
-//! the whole post-processing step including formatting.
+//! Classification: the top 10 of 1M FP32 values (the target: 500 M elements/s), the
+//! same on ascending input (the worst case for a bounded selection, O(n log k)), and the
+//! whole post-processing step including formatting.
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
@@ -21,6 +22,17 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("top10_fp32_1M", |b| {
         b.iter(|| black_box(top_k(black_box(&values), 10)))
+    });
+    // The worst order for a bounded selection: every value beats the worst one kept.
+    let ascending: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    g.bench_function("top10_fp32_1M_ascending", |b| {
+        b.iter(|| black_box(top_k(black_box(&ascending), 10)))
+    });
+    g.bench_function("top200_fp32_1M_ascending", |b| {
+        b.iter(|| black_box(top_k(black_box(&ascending), 200)))
+    });
+    g.bench_function("top1000_fp32_1M_ascending", |b| {
+        b.iter(|| black_box(top_k(black_box(&ascending), 1000)))
     });
     let tensor = Tensor {
         name: "OUTPUT0".into(),

@@ -3,8 +3,9 @@
 
 use bytes::Bytes;
 use tensorgate::protocol::{
-    decode_request, decode_response, encode_response, expand_raw, DataType, InferResponse, Limits,
-    ModelMetadata, Parameters, RequestBody, Tensor, TensorMetadata,
+    classify, decode_request, decode_response, encode_response, expand_raw, DataType,
+    InferResponse, Limits, ModelMetadata, Parameters, RequestBody, SequenceId, Tensor,
+    TensorMetadata,
 };
 
 fn fixture(name: &str) -> Bytes {
@@ -182,4 +183,98 @@ fn zero_length_binary_outputs_add_no_bytes() {
     let v: serde_json::Value = serde_json::from_slice(&enc.to_bytes()[..enc.json_len]).unwrap();
     assert!(v.get("id").is_none(), "an empty id is not echoed");
     assert_eq!(v["outputs"][0]["parameters"]["binary_data_size"], 0);
+}
+
+fn published_error(name: &str) -> String {
+    decode_request(&fixture(name), None, &Limits::default())
+        .unwrap_err()
+        .to_string()
+}
+
+fn uint32s(t: &Tensor) -> Vec<u32> {
+    t.data
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_published_sequence_examples_are_not_json() {
+    // Both lack the comma after "parameters" (and have one after the last field of the
+    // output); the corrected fixtures below are the same requests.
+    for name in [
+        "sequence_uint_request_as_published.json",
+        "sequence_string_request_as_published.json",
+    ] {
+        assert_eq!(
+            published_error(name),
+            "invalid JSON request: expected `,` or `}` at line 3 column 3",
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn sequence_request_with_a_uint64_id() {
+    let r = message(&fixture("sequence_uint_request.json"), None);
+    assert_eq!(r.options.sequence_id, Some(SequenceId::Uint(42)));
+    // Neither start nor end: a request in the middle of the sequence.
+    assert!(!r.options.sequence_start && !r.options.sequence_end);
+    assert_eq!(
+        (r.inputs[0].datatype, r.inputs[0].shape.clone()),
+        (DataType::Uint32, vec![2, 2])
+    );
+    assert_eq!(uint32s(&r.inputs[0]), vec![1, 2, 3, 4]);
+    assert_eq!(r.outputs.as_ref().unwrap()[0].name, "output0");
+}
+
+#[test]
+fn sequence_request_with_a_uuid_string_id() {
+    let r = message(&fixture("sequence_string_request.json"), None);
+    assert_eq!(
+        r.options.sequence_id,
+        Some(SequenceId::String(
+            "e333c95a-07fc-42d2-ab16-033b1a566ed5".into()
+        ))
+    );
+    assert!(!r.options.sequence_start && !r.options.sequence_end);
+    assert_eq!(uint32s(&r.inputs[0]), vec![1, 2, 3, 4]);
+}
+
+/// The classification example: the model produces [1.1, 3.3, 0.5, 2.4] and the request asks
+/// for 2 classes. The document shows `"3.3:1"` and datatype STRING; Triton really sends
+/// `std::to_string` values (`3.300000`) and datatype BYTES, and so does tensorgate.
+#[test]
+fn classification_example_with_and_without_labels() {
+    let req = message(&fixture("classification_request.json"), None);
+    let requested = &req.outputs.as_ref().unwrap()[0];
+    assert_eq!(requested.name, "output0");
+    let k = requested.options.classification.unwrap();
+    assert_eq!(k, 2);
+    let model = decode_response(
+        &fixture("classification_model_output.json"),
+        None,
+        &Limits::default(),
+    )
+    .unwrap();
+    let labels =
+        classify::parse_labels(std::str::from_utf8(&fixture("classification_labels.txt")).unwrap());
+    for (labels, golden) in [
+        (None, "classification_response.json"),
+        (Some(&labels[..]), "classification_response_labels.json"),
+    ] {
+        let classes = classify::classify(&model.outputs[0], k, false, labels).unwrap();
+        let resp = InferResponse {
+            id: req.id.clone(),
+            model_name: model.model_name.clone(),
+            model_version: None,
+            parameters: Parameters::new(),
+            outputs: vec![classes],
+        };
+        let enc = encode_response(&resp, &[false]).unwrap();
+        assert_eq!(enc.content_type(), "application/json");
+        let got: serde_json::Value = serde_json::from_slice(&enc.to_bytes()).unwrap();
+        let want: serde_json::Value = serde_json::from_slice(&fixture(golden)).unwrap();
+        assert_eq!(got, want, "{golden}");
+    }
 }

@@ -6,7 +6,8 @@ use crate::config::ClassificationMode;
 use crate::error::GatewayError;
 use crate::fleet::BackendHandle;
 use crate::protocol::classify::{classify, supported, unsupported};
-use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor};
+use crate::protocol::encode::check_consistent;
+use crate::protocol::{DataType, InferRequest, ModelMetadata, Role, Tensor};
 
 use super::labels::Labels;
 
@@ -14,9 +15,46 @@ use super::labels::Labels;
 pub struct Classification {
     pub output: String,
     pub k: u64,
-    /// The model's output shape starts with -1: results are [batch, k].
-    pub batched: bool,
+    /// Whether the output's first dimension is a batch dimension (results [batch, k]): the
+    /// model's shape starts with -1. `None` when the model's metadata does not describe the
+    /// output (MLServer models without a signature): decided by the output's rank.
+    pub batched: Option<bool>,
     pub labels: Option<Arc<Vec<String>>>,
+}
+
+/// Who applies a classification, for one output on one backend.
+fn gateway_applies(
+    mode: ClassificationMode,
+    in_process: bool,
+    backend_classifies: bool,
+    labels_configured: bool,
+    datatype: Option<DataType>,
+) -> bool {
+    if in_process {
+        return true;
+    }
+    match mode {
+        ClassificationMode::Gateway => true,
+        ClassificationMode::Backend => false,
+        // A backend that lists the extension classifies, except that:
+        // - labels configured here win: it would use its own labels, or none, and the user
+        //   asked for these;
+        // - Triton, the server that lists it, rejects FP16 and BF16 outputs, which we promise
+        //   to classify, so those are classified here. (An output the metadata does not
+        //   describe has no known type; it goes to the backend.)
+        ClassificationMode::Auto => {
+            !backend_classifies
+                || labels_configured
+                || matches!(datatype, Some(DataType::Fp16 | DataType::Bf16))
+        }
+    }
+}
+
+/// Whether an output is [batch, classes]: per its metadata when the model describes it (a
+/// leading -1, as Triton's `max_batch_size > 0` shows in v2 metadata), and otherwise when
+/// the output itself has rank 2 or more, which is how batched models' outputs look.
+fn is_batched(batched: Option<bool>, t: &Tensor) -> bool {
+    batched.unwrap_or(t.shape.len() >= 2)
 }
 
 /// Checks every requested classification against the model's output types, and returns the
@@ -29,34 +67,28 @@ pub fn plan(
 ) -> Result<Vec<Classification>, GatewayError> {
     let mut out = Vec::new();
     let in_process = backend.backend.in_process();
-    // In auto mode, labels configured here win: a backend that classifies would use its
-    // own labels, or none, and the user asked for these.
-    let gateway_applies = |output: &str| {
-        in_process
-            || match backend.classification {
-                ClassificationMode::Gateway => true,
-                ClassificationMode::Backend => false,
-                ClassificationMode::Auto => {
-                    !backend.capabilities().classification
-                        || labels.is_configured(&model.name, output)
-                }
-            }
-    };
     for o in req.outputs.iter().flatten() {
         let Some(k) = o.options.classification.filter(|k| *k > 0) else {
             continue;
         };
         let meta = model.output(&o.name);
-        if let Some(dt) = meta.and_then(|m| DataType::parse(&m.datatype)) {
+        let datatype = meta.and_then(|m| DataType::parse(&m.datatype));
+        if let Some(dt) = datatype {
             if !supported(dt) {
                 return Err(unsupported(&o.name, dt).into());
             }
         }
-        if gateway_applies(&o.name) {
+        if gateway_applies(
+            backend.classification,
+            in_process,
+            backend.capabilities().classification,
+            labels.is_configured(&model.name, &o.name),
+            datatype,
+        ) {
             out.push(Classification {
                 output: o.name.clone(),
                 k,
-                batched: meta.is_some_and(|m| m.shape.len() >= 2 && m.shape[0] == -1),
+                batched: meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1),
                 labels: labels.get(&model.name, &o.name, in_process),
             });
         }
@@ -68,8 +100,125 @@ pub fn plan(
 pub fn apply(plan: &[Classification], outputs: &mut [Tensor]) -> Result<(), GatewayError> {
     for c in plan {
         if let Some(t) = outputs.iter_mut().find(|t| t.name == c.output) {
-            *t = classify(t, c.k, c.batched, c.labels.as_deref().map(Vec::as_slice))?;
+            // A tensor that contradicts its own shape never comes out of a decoded body:
+            // an in-process model built it, and that is our bug, not the client's.
+            check_consistent(t).map_err(|e| {
+                GatewayError::Internal(e.in_tensor(Role::Output, &t.name).to_string())
+            })?;
+            let batched = is_batched(c.batched, t);
+            *t = classify(t, c.k, batched, c.labels.as_deref().map(Vec::as_slice))?;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Parameters;
+    use bytes::Bytes;
+
+    #[test]
+    fn auto_mode_classifies_half_precision_even_for_a_classifying_backend() {
+        use ClassificationMode::*;
+        let applies =
+            |mode, classifies, labels, dt| gateway_applies(mode, false, classifies, labels, dt);
+        for dt in [DataType::Fp16, DataType::Bf16] {
+            assert!(applies(Auto, true, false, Some(dt)), "{dt}");
+            assert!(applies(Gateway, true, false, Some(dt)), "{dt}");
+            assert!(
+                !applies(Backend, true, false, Some(dt)),
+                "{dt}: backend mode is the user's call"
+            );
+        }
+        for dt in [
+            DataType::Fp32,
+            DataType::Fp64,
+            DataType::Int8,
+            DataType::Uint64,
+        ] {
+            assert!(!applies(Auto, true, false, Some(dt)), "{dt}");
+            assert!(applies(Auto, false, false, Some(dt)), "{dt}");
+            assert!(
+                applies(Auto, true, true, Some(dt)),
+                "{dt}: configured labels"
+            );
+        }
+        assert!(
+            !applies(Auto, true, false, None),
+            "unknown type: the backend knows it"
+        );
+        assert!(
+            gateway_applies(Backend, true, true, false, Some(DataType::Fp32)),
+            "in process"
+        );
+    }
+
+    fn tensor(shape: Vec<u64>, values: &[f32]) -> Tensor {
+        Tensor {
+            name: "OUT".into(),
+            datatype: DataType::Fp32,
+            shape,
+            parameters: Parameters::new(),
+            data: Bytes::from(
+                values
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        }
+    }
+
+    fn strings(t: &Tensor) -> Vec<String> {
+        t.bytes_elements()
+            .map(|e| String::from_utf8(e.to_vec()).unwrap())
+            .collect()
+    }
+
+    fn plan_for(batched: Option<bool>) -> Vec<Classification> {
+        vec![Classification {
+            output: "OUT".into(),
+            k: 1,
+            batched,
+            labels: None,
+        }]
+    }
+
+    #[test]
+    fn without_metadata_rank_two_or_more_is_batched() {
+        let values: Vec<f32> = (0..36).map(|i| ((i * 7) % 12) as f32).collect();
+        // [3,12] with no metadata: three rows, each with its own best class.
+        let mut outputs = vec![tensor(vec![3, 12], &values)];
+        apply(&plan_for(None), &mut outputs).unwrap();
+        assert_eq!(outputs[0].shape, vec![3, 1]);
+        assert_eq!(
+            strings(&outputs[0]),
+            ["11.000000:5", "11.000000:5", "11.000000:5"]
+        );
+        // Rank 1: one row.
+        let mut outputs = vec![tensor(vec![36], &values)];
+        apply(&plan_for(None), &mut outputs).unwrap();
+        assert_eq!(outputs[0].shape, vec![1]);
+        assert_eq!(strings(&outputs[0]), ["11.000000:5"]);
+        // Metadata that says there is no batch dimension ([3,12]) is followed.
+        let mut outputs = vec![tensor(vec![3, 12], &values)];
+        apply(&plan_for(Some(false)), &mut outputs).unwrap();
+        assert_eq!(outputs[0].shape, vec![1]);
+        assert_eq!(strings(&outputs[0]), ["11.000000:5"]);
+    }
+
+    #[test]
+    fn an_inconsistent_model_output_is_an_internal_error() {
+        let mut t = tensor(vec![2, 3], &[1.0; 6]);
+        t.data = t.data.slice(..20);
+        let e = apply(&plan_for(Some(true)), &mut [t]).unwrap_err();
+        assert_eq!(
+            e,
+            GatewayError::Internal(
+                "output 'OUT': inconsistent tensor: shape [2,3] of FP32 needs 24 bytes, data has 20"
+                    .into()
+            )
+        );
+        assert_eq!(e.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

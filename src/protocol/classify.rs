@@ -1,8 +1,9 @@
 //! The classification extension: an output replaced by its top-k classes per batch row, as
 //! BYTES strings `<value>:<index>[:<label>]`, with Triton's semantics and formatting.
 //!
-//! Selection is a single pass with a bounded buffer of the k best (a comparison or two per
-//! element), falling back to `select_nth_unstable` when k is large. Ties go to the lower
+//! Selection is a single pass over the values with a bounded binary heap of the k best
+//! (O(n log k) whatever the input's order, and one comparison per element for the values
+//! that cannot enter), or `select_nth_unstable` (O(n)) when k is large. Ties go to the lower
 //! index, so results are deterministic (Triton leaves their order unspecified).
 
 use std::cmp::Ordering;
@@ -11,7 +12,8 @@ use bytes::Bytes;
 use half::{bf16, f16};
 
 use super::datatype::DataType;
-use super::error::{ProtocolError, Result};
+use super::encode::check_consistent;
+use super::error::{ProtocolError, Result, Role};
 use super::params::Parameters;
 use super::tensor::Tensor;
 
@@ -23,8 +25,8 @@ pub fn parse_labels(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Above this k, a full selection beats keeping a sorted buffer.
-const BUFFER_LIMIT: usize = 64;
+/// Above this k, one `select_nth_unstable` over all values beats a heap of k.
+const HEAP_LIMIT: usize = 256;
 
 pub fn supported(dt: DataType) -> bool {
     !matches!(dt, DataType::Bool | DataType::Bytes)
@@ -53,35 +55,67 @@ fn better<T: PartialOrd>(a: &(T, usize), b: &(T, usize)) -> Ordering {
     }
 }
 
-/// The indices of the k best values, best first.
+/// The indices of the k best values, best first: larger value first, equal values by lower
+/// index, NaN last.
 pub fn top_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<usize> {
     let k = k.min(values.len());
     if k == 0 {
         return Vec::new();
     }
-    if k > BUFFER_LIMIT {
-        let mut all: Vec<(T, usize)> = values.iter().copied().zip(0..).collect();
-        all.select_nth_unstable_by(k - 1, better);
-        all.truncate(k);
-        all.sort_unstable_by(better);
-        return all.into_iter().map(|(_, i)| i).collect();
-    }
-    // `best` stays sorted best first. A later element only enters by being strictly greater
-    // than the worst kept one, since equal values keep the earlier (lower) index.
-    let mut best: Vec<(T, usize)> = Vec::with_capacity(k + 1);
-    for (i, &v) in values.iter().enumerate() {
-        if best.len() == k {
-            let worst = best[k - 1].0;
-            if !(v > worst || (is_nan(&worst) && !is_nan(&v))) {
-                continue;
-            }
-        }
-        let item = (v, i);
-        let pos = best.partition_point(|b| better(b, &item) == Ordering::Less);
-        best.insert(pos, item);
-        best.truncate(k);
-    }
+    let mut best = if k > HEAP_LIMIT {
+        select_k(values, k)
+    } else {
+        heap_k(values, k)
+    };
+    best.sort_unstable_by(better);
     best.into_iter().map(|(_, i)| i).collect()
+}
+
+/// The k best as (value, index), in no particular order, by a selection over all of them.
+fn select_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<(T, usize)> {
+    let mut all: Vec<(T, usize)> = values.iter().copied().zip(0..).collect();
+    all.select_nth_unstable_by(k - 1, better);
+    all.truncate(k);
+    all
+}
+
+/// The k best as (value, index), in heap order, with a bounded heap whose root is the worst
+/// one kept. Values are met in index order, so a later value only enters by being strictly
+/// better than the root: an equal one has the higher index and loses the tie.
+fn heap_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<(T, usize)> {
+    let mut heap: Vec<(T, usize)> = values[..k].iter().copied().zip(0..).collect();
+    for i in (0..k / 2).rev() {
+        sift_down(&mut heap, i);
+    }
+    let mut worst = heap[0].0;
+    for (i, &v) in values.iter().enumerate().skip(k) {
+        // The common case, a value that cannot enter, costs one comparison.
+        if v > worst || (is_nan(&worst) && !is_nan(&v)) {
+            heap[0] = (v, i);
+            sift_down(&mut heap, 0);
+            worst = heap[0].0;
+        }
+    }
+    heap
+}
+
+/// Restores the heap property below `i`: no child ranks after (is worse than) its parent.
+fn sift_down<T: PartialOrd + Copy>(heap: &mut [(T, usize)], mut i: usize) {
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut worst = i;
+        if l < heap.len() && better(&heap[l], &heap[worst]) == Ordering::Greater {
+            worst = l;
+        }
+        if r < heap.len() && better(&heap[r], &heap[worst]) == Ordering::Greater {
+            worst = r;
+        }
+        if worst == i {
+            return;
+        }
+        heap.swap(i, worst);
+        i = worst;
+    }
 }
 
 /// Formats a float as C++ `std::to_string` does (`%f`: six decimals).
@@ -134,30 +168,33 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
     if !supported(t.datatype) {
         return Err(unsupported(&t.name, t.datatype));
     }
-    let count = t.element_count() as usize;
-    let (rows, per_row) = if batched && !t.shape.is_empty() {
-        let b = t.shape[0] as usize;
-        (b, count.checked_div(b).unwrap_or(0))
-    } else {
-        (1, count)
-    };
-    let kept = (k as usize).min(per_row);
     let size = t
         .datatype
         .fixed_size()
         .expect("classified types have a fixed size");
+    // A decoded body is always consistent; a tensor an in-process model built wrongly may
+    // not be, and that is an error rather than a panic or a silently shorter row.
+    check_consistent(t).map_err(|e| e.in_tensor(Role::Output, &t.name))?;
+    let count = t.data.len() / size;
+    let (rows, per_row) = if batched && !t.shape.is_empty() {
+        // From the shape, not count / rows: an empty batch still has rows of a size. Only an
+        // empty batch's row size can overflow, and then no row is read.
+        let per_row = t.shape[1..]
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(*d))
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        (t.shape[0] as usize, per_row)
+    } else {
+        (1, count)
+    };
+    let kept = (k as usize).min(per_row);
     let mut out = Vec::new();
     macro_rules! run {
         ($read:expr, $fmt:expr) => {{
             let values = decode(&t.data, size, $read);
-            for r in 0..rows {
-                row_strings(
-                    &values[r * per_row..(r + 1) * per_row],
-                    kept,
-                    labels,
-                    $fmt,
-                    &mut out,
-                );
+            // `check_consistent` made values.len() == count == rows * per_row.
+            for row in values.chunks_exact(per_row.max(1)).take(rows) {
+                row_strings(row, kept, labels, $fmt, &mut out);
             }
         }};
     }
@@ -218,6 +255,8 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::tensor::format_shape;
+    use proptest::strategy::Strategy;
 
     fn tensor(dt: DataType, shape: Vec<u64>, data: Vec<u8>) -> Tensor {
         Tensor {
@@ -282,6 +321,111 @@ mod tests {
         assert_eq!(strings(&c), vec!["2.000000:1", "4.000000:0"]);
         let c = classify(&t, 1, false, None).unwrap();
         assert_eq!(strings(&c), vec!["4.000000:2"]);
+    }
+
+    #[test]
+    fn inconsistent_tensors_are_errors_not_panics() {
+        // An in-process model that built its output wrongly: too short, too long, or not a
+        // whole number of elements.
+        for (shape, len, need) in [
+            (vec![2, 3], 20, "24"),
+            (vec![2, 3], 28, "24"),
+            (vec![3], 10, "12"),
+            (vec![u64::MAX, 2], 4, "more than 2^64"),
+        ] {
+            let t = tensor(DataType::Fp32, shape.clone(), vec![0; len]);
+            for batched in [false, true] {
+                assert_eq!(
+                    classify(&t, 2, batched, None).unwrap_err().to_string(),
+                    format!(
+                        "output 'OUT': inconsistent tensor: shape {} of FP32 needs {need} bytes, data has {len}",
+                        format_shape(&shape)
+                    )
+                );
+            }
+        }
+        // Empty rows and an empty batch are consistent.
+        let c = classify(&tensor(DataType::Int32, vec![3, 0], vec![]), 2, true, None).unwrap();
+        assert_eq!((c.shape, c.data.len()), (vec![3, 0], 0));
+        let c = classify(&tensor(DataType::Int32, vec![0, 4], vec![]), 2, true, None).unwrap();
+        assert_eq!((c.shape, c.data.len()), (vec![0, 2], 0));
+        let t = tensor(DataType::Int32, vec![0, u64::MAX, 2], vec![]);
+        let c = classify(&t, 3, true, None).unwrap();
+        assert_eq!((c.shape, c.data.len()), (vec![0, 3], 0));
+    }
+
+    /// What `top_k` must return: a stable sort of all indices by value alone (larger first,
+    /// NaN last), so that equal values keep their index order, cut to k.
+    fn reference<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<usize> {
+        let mut all: Vec<usize> = (0..values.len()).collect();
+        all.sort_by(|a, b| {
+            let (x, y) = (values[*a], values[*b]);
+            match (is_nan(&x), is_nan(&y)) {
+                (false, false) => y.partial_cmp(&x).unwrap(),
+                (nx, ny) => nx.cmp(&ny),
+            }
+        });
+        all.truncate(k);
+        all
+    }
+
+    /// Inputs that cost a naive bounded buffer the most, or that only ties tell apart.
+    fn adversarial(n: usize) -> Vec<Vec<f32>> {
+        let n32 = n as f32;
+        vec![
+            (0..n).map(|i| i as f32).collect(),
+            (0..n).map(|i| n32 - i as f32).collect(),
+            vec![1.0; n],
+            (0..n).map(|i| (i % 7) as f32).collect(),
+            (0..n)
+                .map(|i| if i % 3 == 0 { f32::NAN } else { i as f32 })
+                .collect(),
+            (0..n)
+                .map(|i| if i % 2 == 0 { f32::NAN } else { 0.0 })
+                .collect(),
+            (0..n).map(|i| (i / 4) as f32).collect(),
+            (0..n)
+                .map(|i| if i % 2 == 0 { i as f32 } else { -(i as f32) })
+                .collect(),
+        ]
+    }
+
+    #[test]
+    fn top_k_matches_a_stable_sort_on_adversarial_inputs() {
+        for n in [1, 2, 5, 64, 300, 1000] {
+            for values in adversarial(n) {
+                for k in [1, 2, 10, 64, 65, 256, 257, n / 2, n - 1, n, n + 3] {
+                    assert_eq!(top_k(&values, k), reference(&values, k), "n {n} k {k}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn top_k_matches_a_stable_sort(
+            values in proptest::collection::vec(
+                proptest::prop_oneof![
+                    8 => (-20i32..20).prop_map(|v| v as f32),
+                    2 => proptest::num::f32::ANY,
+                    1 => proptest::strategy::Just(f32::NAN),
+                ],
+                0..700,
+            ),
+            k in 0usize..400,
+            sorted in 0u8..4,
+        ) {
+            let mut values = values;
+            // Some runs sorted ascending or descending: the worst orders for a buffer.
+            match sorted {
+                1 => values.sort_by(|a, b| a.total_cmp(b)),
+                2 => values.sort_by(|a, b| b.total_cmp(a)),
+                _ => {}
+            }
+            proptest::prop_assert_eq!(top_k(&values, k), reference(&values, k));
+            let ints: Vec<i64> = values.iter().map(|v| *v as i64 % 11).collect();
+            proptest::prop_assert_eq!(top_k(&ints, k), reference(&ints, k));
+        }
     }
 
     #[test]

@@ -206,7 +206,8 @@ fn describe_json_error(
             });
         }
     }
-    if path == "." || path.is_empty() {
+    // serde_path_to_error says `?` where a syntax error stops it before any field.
+    if path == "." || path == "?" || path.is_empty() {
         ProtocolError::invalid(format!("invalid JSON {what}: {inner}{hint}"))
     } else {
         ProtocolError::invalid(format!(
@@ -428,6 +429,72 @@ pub(crate) fn decode_request_serde_only(body: &Bytes, limits: &Limits) -> Result
     request_from_wire(wire, Bytes::new(), limits)
 }
 
+/// Triton writes non-finite floats as the bare literals `NaN`, `Infinity` and `-Infinity`,
+/// which are not JSON, and serde (which checks the whole body, `data` included) refuses them.
+/// This rewrites those literals inside `data` arrays as the strings `json_data` reads for
+/// float tensors (`"NaN"`, ...); literals anywhere else stay, and stay errors. `None` when
+/// there is nothing to rewrite. Only responses get this leniency, and only after the strict
+/// parse failed, so a well-formed body costs nothing; requests keep refusing the literals.
+fn quote_non_finite(json: &[u8]) -> Option<Vec<u8>> {
+    const LITERALS: [&[u8]; 3] = [b"NaN", b"Infinity", b"-Infinity"];
+    let mut out = Vec::with_capacity(json.len() + 64);
+    let mut changed = false;
+    // Bracket depth inside a `data` array (0: outside), and what came just before.
+    let mut data_depth = 0usize;
+    let mut key_is_data = false;
+    let mut after_data_colon = false;
+    let mut i = 0;
+    while i < json.len() {
+        let b = json[i];
+        if b == b'"' {
+            let end = string_end(json, i + 1);
+            key_is_data = data_depth == 0 && &json[i + 1..end.min(json.len())] == b"data";
+            after_data_colon = false;
+            let stop = (end + 1).min(json.len());
+            out.extend_from_slice(&json[i..stop]);
+            i = stop;
+            continue;
+        }
+        if data_depth > 0 {
+            if let Some(lit) = LITERALS.iter().find(|l| json[i..].starts_with(l)) {
+                out.push(b'"');
+                out.extend_from_slice(lit);
+                out.push(b'"');
+                i += lit.len();
+                changed = true;
+                continue;
+            }
+        }
+        match b {
+            b'[' if data_depth > 0 => data_depth += 1,
+            b'[' if after_data_colon => data_depth = 1,
+            b']' if data_depth > 0 => data_depth -= 1,
+            _ => {}
+        }
+        // The key `data`, its colon, then the array: anything else in between breaks the chain.
+        if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+            after_data_colon = b == b':' && key_is_data && data_depth == 0;
+            key_is_data = false;
+        }
+        out.push(b);
+        i += 1;
+    }
+    changed.then_some(out)
+}
+
+/// The position of the closing quote of the string whose text starts at `from` (or the end
+/// of `json` when it has none).
+fn string_end(json: &[u8], from: usize) -> usize {
+    let mut i = from;
+    while let Some(off) = memchr::memchr2(b'"', b'\\', &json[i.min(json.len())..]) {
+        if json[i + off] == b'"' {
+            return i + off;
+        }
+        i += off + 2;
+    }
+    json.len()
+}
+
 /// Decodes an inference response body, as a backend sends it.
 pub fn decode_response(
     body: &Bytes,
@@ -435,7 +502,20 @@ pub fn decode_response(
     limits: &Limits,
 ) -> Result<InferResponse> {
     let (json, binary) = split_body(body, header_length)?;
-    let wire: WireResponse = parse_json(&json, "response", limits)?;
+    let lenient;
+    let wire: WireResponse = match parse_json(&json, "response", limits) {
+        Ok(wire) => wire,
+        // Only a body that is not JSON is worth a second look, never one that is too large.
+        Err(e @ ProtocolError::Invalid(_)) => {
+            lenient = quote_non_finite(&json).ok_or(e)?;
+            let grown = Limits {
+                max_json_bytes: limits.max_json_bytes + (lenient.len() - json.len()),
+                ..limits.clone()
+            };
+            parse_json(&lenient, "response", &grown)?
+        }
+        Err(e) => return Err(e),
+    };
     let outputs = build_tensors(wire.outputs, binary, Role::Output, limits)?;
     Ok(InferResponse {
         id: wire.id,
@@ -596,6 +676,179 @@ mod tests {
             (2, 0),
             "a length equal to the body is allowed"
         );
+    }
+
+    fn response(json: &str, tail: &[u8]) -> Result<InferResponse> {
+        let mut body = json.as_bytes().to_vec();
+        body.extend_from_slice(tail);
+        let hl = json.len().to_string();
+        let header = (!tail.is_empty()).then_some(hl.as_bytes());
+        decode_response(&Bytes::from(body), header, &Limits::default())
+    }
+
+    fn err_response(json: &str, tail: &[u8]) -> String {
+        response(json, tail).unwrap_err().to_string()
+    }
+
+    fn output(fields: &str) -> String {
+        format!(r#"{{"model_name":"m","outputs":[{{"name":"Y",{fields}}}]}}"#)
+    }
+
+    #[test]
+    fn response_errors() {
+        assert_eq!(
+            err_response(
+                &output(r#""datatype":"INT8","shape":[1],"parameters":{"binary_data_size":1}"#),
+                &[0; 5]
+            ),
+            "response body has 4 bytes after the last binary output"
+        );
+        assert_eq!(
+            err_response(
+                &output(
+                    r#""datatype":"INT8","shape":[1],"data":[1],"parameters":{"binary_data_size":1}"#
+                ),
+                &[0]
+            ),
+            "output 'Y': has both 'data' and 'parameters.binary_data_size'"
+        );
+        assert_eq!(
+            err_response(&output(r#""datatype":"INT8","shape":[1]"#), &[]),
+            "output 'Y': has neither 'data' nor 'parameters.binary_data_size'"
+        );
+        assert_eq!(
+            err_response(
+                &output(r#""datatype":"INT32","shape":[2,2],"parameters":{"binary_data_size":12}"#),
+                &[0; 12]
+            ),
+            "output 'Y': binary_data_size is 12 but shape [2,2] of INT32 needs 16 bytes"
+        );
+        assert_eq!(
+            err_response(
+                &output(r#""datatype":"FP64","shape":[2],"parameters":{"binary_data_size":16}"#),
+                &[0; 3]
+            ),
+            "output 'Y': binary_data_size is 16 but only 3 bytes of binary data remain (13 missing)"
+        );
+        let json = output(r#""datatype":"INT8","shape":[1],"data":[1]"#);
+        let e = decode_response(
+            &Bytes::from(json.clone()),
+            Some(format!("{}", json.len() + 1).as_bytes()),
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "Inference-Header-Content-Length is {} but the body has only {} bytes",
+                json.len() + 1,
+                json.len()
+            )
+        );
+        let two = r#"{"outputs":[{"name":"Y","datatype":"INT8","shape":[1],"data":[1]},{"name":"Y","datatype":"INT8","shape":[1],"data":[2]}]}"#;
+        assert_eq!(err_response(two, &[]), "duplicate output name 'Y'");
+    }
+
+    fn floats(t: &Tensor) -> Vec<f64> {
+        match t.datatype {
+            DataType::Fp16 => t
+                .data
+                .chunks(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DataType::Fp32 => t
+                .data
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            _ => t
+                .data
+                .chunks(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn responses_take_bare_non_finite_literals_in_float_data() {
+        for dt in ["FP16", "BF16", "FP32", "FP64"] {
+            // As Triton writes them, flat and nested, with and without spaces.
+            for data in [
+                "[NaN,Infinity,-Infinity,1.5]",
+                "[[NaN, Infinity], [-Infinity, 1.5]]",
+                "[ NaN ,\n Infinity, -Infinity , \"NaN\"]",
+            ] {
+                let json = format!(
+                    r#"{{"model_name":"m","outputs":[{{"name":"Y","datatype":"{dt}","shape":[4],"data" : {data}}}]}}"#
+                );
+                let r = response(&json, &[]).unwrap_or_else(|e| panic!("{dt} {data}: {e}"));
+                let v = if dt == "BF16" {
+                    r.outputs[0]
+                        .data
+                        .chunks(2)
+                        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                        .collect()
+                } else {
+                    floats(&r.outputs[0])
+                };
+                assert!(v[0].is_nan(), "{dt} {data}");
+                assert_eq!(&v[1..3], &[f64::INFINITY, f64::NEG_INFINITY], "{dt} {data}");
+                assert!(v[3] == 1.5 || v[3].is_nan(), "{dt} {data}");
+            }
+        }
+        // With binary outputs after the header, which stay slices of the body.
+        let json = concat!(
+            r#"{"model_name":"m","outputs":["#,
+            r#"{"name":"A","datatype":"FP32","shape":[2],"data":[-Infinity,NaN]},"#,
+            r#"{"name":"B","datatype":"INT8","shape":[2],"parameters":{"binary_data_size":2}}]}"#
+        );
+        let r = response(json, &[7, 9]).unwrap();
+        assert!(floats(&r.outputs[0])[1].is_nan());
+        assert_eq!(floats(&r.outputs[0])[0], f64::NEG_INFINITY);
+        assert_eq!(&r.outputs[1].data[..], &[7, 9]);
+        // Strings that look like the literals are left alone.
+        let json = output(r#""datatype":"BYTES","shape":[2],"data":["NaN", "[Infinity"]"#);
+        let r = response(&json, &[]).unwrap();
+        let elems: Vec<&[u8]> = r.outputs[0].bytes_elements().collect();
+        assert_eq!(elems, vec![&b"NaN"[..], b"[Infinity"]);
+    }
+
+    #[test]
+    fn bare_literals_elsewhere_stay_errors() {
+        // In integer data they read as the strings they were rewritten to.
+        assert_eq!(
+            err_response(
+                &output(r#""datatype":"INT32","shape":[1],"data":[NaN]"#),
+                &[]
+            ),
+            "output 'Y': data element 0 is a string; INT32 needs a number"
+        );
+        // Outside `data` nothing is rewritten, and serde's error stands.
+        let e = err_response(
+            r#"{"model_name":"m","parameters":{"p":NaN},"outputs":[]}"#,
+            &[],
+        );
+        assert!(e.starts_with("invalid JSON response: "), "{e}");
+        // A request keeps refusing them.
+        assert_eq!(
+            err(&input(r#""datatype":"FP32","shape":[1],"data":[NaN]"#)),
+            "input 0: field 'data': expected value at line 1 column 62 (write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
+        );
+    }
+
+    #[test]
+    fn quoting_is_limited_to_data_arrays() {
+        let q = |s: &str| quote_non_finite(s.as_bytes()).map(|v| String::from_utf8(v).unwrap());
+        assert_eq!(
+            q(r#"{"data":[NaN,[Infinity]],"x":[NaN],"d":{"data":"NaN"}}"#).as_deref(),
+            Some(r#"{"data":["NaN",["Infinity"]],"x":[NaN],"d":{"data":"NaN"}}"#)
+        );
+        assert_eq!(
+            q(r#"{"data" : [-Infinity, "a\"]NaN"]}"#).as_deref(),
+            Some(r#"{"data" : ["-Infinity", "a\"]NaN"]}"#)
+        );
+        assert_eq!(q(r#"{"data":[1,2],"y":NaN}"#), None);
+        assert_eq!(q(r#"{"data":["unterminated"#), None);
     }
 
     #[test]

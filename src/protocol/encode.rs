@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::error::{Result, Role};
+use super::error::{ProtocolError, Result, Role};
 use super::json_write::write_data;
 use super::message::{InferRequest, InferResponse};
 use super::params::Parameters;
-use super::tensor::Tensor;
+use super::tensor::{check_bytes_framing, format_shape, Tensor};
 
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 pub const CONTENT_TYPE_BINARY: &str = "application/octet-stream";
@@ -86,6 +86,38 @@ fn put_parameters(out: &mut Vec<u8>, p: &Parameters, binary_size: Option<usize>)
     out.push(b'}');
 }
 
+/// Checks that a tensor's data holds exactly the elements its shape describes. Decoded
+/// tensors always do; one an in-process model built wrongly may not, and encoding it would
+/// send a body the client cannot read (binary) or silently drop elements (JSON).
+pub(crate) fn check_consistent(t: &Tensor) -> Result<()> {
+    let count = t.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
+    let inconsistent = |m: String| ProtocolError::invalid(format!("inconsistent tensor: {m}"));
+    match t.datatype.fixed_size() {
+        Some(size) => {
+            let need = count.and_then(|n| n.checked_mul(size as u64));
+            if need == Some(t.data.len() as u64) {
+                return Ok(());
+            }
+            Err(inconsistent(format!(
+                "shape {} of {} needs {} bytes, data has {}",
+                format_shape(&t.shape),
+                t.datatype,
+                need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+                t.data.len()
+            )))
+        }
+        None => {
+            let count = count.ok_or_else(|| {
+                inconsistent(format!(
+                    "shape {} has more elements than fit in 64 bits",
+                    format_shape(&t.shape)
+                ))
+            })?;
+            check_bytes_framing(&t.data, count).map_err(|e| inconsistent(e.message().into()))
+        }
+    }
+}
+
 /// Writes one tensor object. Binary tensors push their buffer onto `chunks`; zero-byte
 /// tensors add no chunk.
 fn put_tensor(
@@ -95,6 +127,7 @@ fn put_tensor(
     binary: bool,
     role: Role,
 ) -> Result<()> {
+    check_consistent(t).map_err(|e| e.in_tensor(role, &t.name))?;
     out.extend_from_slice(b"{\"name\":");
     put_json(out, &t.name);
     out.extend_from_slice(b",\"datatype\":\"");
@@ -142,7 +175,13 @@ fn finish(json: Vec<u8>, chunks: Vec<Bytes>) -> EncodedBody {
 
 /// Encodes a response; `binary[i]` says whether output `i` goes in binary form.
 pub fn encode_response(resp: &InferResponse, binary: &[bool]) -> Result<EncodedBody> {
-    debug_assert_eq!(binary.len(), resp.outputs.len());
+    if binary.len() != resp.outputs.len() {
+        return Err(ProtocolError::invalid(format!(
+            "the response has {} outputs but {} output encodings were given",
+            resp.outputs.len(),
+            binary.len()
+        )));
+    }
     let json_guess: usize = resp
         .outputs
         .iter()
@@ -218,4 +257,107 @@ pub fn encode_request(req: &InferRequest, binary_inputs: bool) -> Result<Encoded
     }
     out.push(b'}');
     Ok(finish(out, chunks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::datatype::DataType;
+    use crate::protocol::tensor::frame_bytes;
+
+    fn tensor(dt: DataType, shape: Vec<u64>, data: Bytes) -> Tensor {
+        Tensor {
+            name: "OUT".into(),
+            datatype: dt,
+            shape,
+            parameters: Parameters::new(),
+            data,
+        }
+    }
+
+    fn response(outputs: Vec<Tensor>) -> InferResponse {
+        InferResponse {
+            id: None,
+            model_name: "m".into(),
+            model_version: None,
+            parameters: Parameters::new(),
+            outputs,
+        }
+    }
+
+    #[test]
+    fn encodings_must_match_the_outputs() {
+        let t = tensor(DataType::Int8, vec![1], Bytes::from_static(&[7]));
+        let resp = response(vec![t.clone(), t]);
+        assert_eq!(
+            encode_response(&resp, &[true]).unwrap_err().to_string(),
+            "the response has 2 outputs but 1 output encodings were given"
+        );
+        assert_eq!(
+            encode_response(&resp, &[true, false, true])
+                .unwrap_err()
+                .to_string(),
+            "the response has 2 outputs but 3 output encodings were given"
+        );
+    }
+
+    #[test]
+    fn inconsistent_tensors_are_errors_in_both_encodings() {
+        let cases = [
+            (
+                tensor(DataType::Fp32, vec![2], Bytes::from_static(&[0; 4])),
+                "output 'OUT': inconsistent tensor: shape [2] of FP32 needs 8 bytes, data has 4",
+            ),
+            (
+                tensor(DataType::Int16, vec![1, 1], Bytes::from_static(&[0; 3])),
+                "output 'OUT': inconsistent tensor: shape [1,1] of INT16 needs 2 bytes, data has 3",
+            ),
+            (
+                tensor(DataType::Int8, vec![u64::MAX, 2], Bytes::new()),
+                "output 'OUT': inconsistent tensor: shape [18446744073709551615,2] of INT8 needs more than 2^64 bytes, data has 0",
+            ),
+            (
+                tensor(DataType::Bytes, vec![2], frame_bytes([&b"a"[..]])),
+                "output 'OUT': inconsistent tensor: BYTES data ends after 1 of 2 elements",
+            ),
+            (
+                tensor(DataType::Bytes, vec![u64::MAX, 2], Bytes::new()),
+                "output 'OUT': inconsistent tensor: shape [18446744073709551615,2] has more elements than fit in 64 bits",
+            ),
+        ];
+        for (t, want) in cases {
+            let resp = response(vec![t]);
+            for binary in [true, false] {
+                assert_eq!(
+                    encode_response(&resp, &[binary]).unwrap_err().to_string(),
+                    want,
+                    "binary {binary}"
+                );
+            }
+        }
+        // Requests name the input.
+        let req = InferRequest {
+            id: None,
+            parameters: Parameters::new(),
+            options: Default::default(),
+            inputs: vec![tensor(DataType::Fp64, vec![1], Bytes::from_static(&[0; 4]))],
+            outputs: None,
+        };
+        assert_eq!(
+            encode_request(&req, true).unwrap_err().to_string(),
+            "input 'OUT': inconsistent tensor: shape [1] of FP64 needs 8 bytes, data has 4"
+        );
+    }
+
+    #[test]
+    fn consistent_tensors_encode() {
+        let resp = response(vec![
+            tensor(DataType::Bytes, vec![2], frame_bytes([&b"a"[..], b"bc"])),
+            tensor(DataType::Fp32, vec![0, 3], Bytes::new()),
+        ]);
+        let enc = encode_response(&resp, &[false, true]).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&enc.to_bytes()).unwrap();
+        assert_eq!(v["outputs"][0]["data"], serde_json::json!(["a", "bc"]));
+        assert_eq!(v["outputs"][1]["parameters"]["binary_data_size"], 0);
+    }
 }

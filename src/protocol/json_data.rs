@@ -6,7 +6,9 @@
 //!
 //! Non-finite floats: JSON has no literal for them, so tensorgate reads and writes the strings
 //! `"NaN"`, `"Infinity"` and `"-Infinity"` in float tensors (numpy and Python's `float()` parse
-//! them). Bare `NaN` literals are not JSON and are rejected with a hint.
+//! them). Bare `NaN` literals are not JSON and requests with them are rejected with a hint;
+//! in backends' responses (Triton writes them) `decode::quote_non_finite` first turns those
+//! in `data` arrays into the strings, so this module only ever sees the strings.
 
 use half::{bf16, f16};
 

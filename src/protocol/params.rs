@@ -44,12 +44,26 @@ impl ParamValue {
             ParamValue::Bool(_) => "a bool",
             ParamValue::Int(_) => "a negative integer",
             ParamValue::Uint(_) => "an unsigned integer",
-            ParamValue::Float(_) => "a non-integral number",
+            ParamValue::Float(v) => float_kind(*v),
             ParamValue::String(_) => "a string",
             ParamValue::Json(v) if v.is_null() => "null",
             ParamValue::Json(v) if v.is_array() => "an array",
             ParamValue::Json(_) => "an object",
         }
+    }
+}
+
+/// Says what kind of non-integer number a JSON number was. serde_json reads an integer
+/// literal as an integer whenever it fits in 64 bits, so a float is either written with a
+/// fraction or an exponent (`3.0`, `3e0`: integral in value, but not an integer literal), or an
+/// integer literal too large for 64 bits.
+fn float_kind(v: f64) -> &'static str {
+    // i64::MIN itself is a valid integer, but no integer literal reads as this float unless
+    // it was below i64::MIN and rounded up to it.
+    if v >= u64::MAX as f64 || v <= i64::MIN as f64 {
+        "a number beyond the 64-bit integer range"
+    } else {
+        "a number with a fraction or exponent"
     }
 }
 
@@ -322,7 +336,11 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"sequence_id": 1.5}"#),
-            "parameter 'sequence_id' must be an unsigned integer or a string, not a non-integral number"
+            "parameter 'sequence_id' must be an unsigned integer or a string, not a number with a fraction or exponent"
+        );
+        assert_eq!(
+            err(r#"{"sequence_id": 18446744073709551616}"#),
+            "parameter 'sequence_id' must be an unsigned integer or a string, not a number beyond the 64-bit integer range"
         );
         let long = format!(r#"{{"sequence_id": "{}"}}"#, "x".repeat(129));
         assert_eq!(
@@ -373,11 +391,34 @@ mod tests {
             e.to_string(),
             "parameter 'classification' must be an unsigned integer, not a negative integer"
         );
-        let e = OutputOptions::from_parameters(&params(r#"{"classification": 2.5}"#)).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "parameter 'classification' must be an unsigned integer, not a non-integral number"
-        );
+        // Integral in value, but not an integer literal: JSON readers tell them apart.
+        for text in ["2.5", "3.0", "3e0", "1E2", "-0.0", "1e300"] {
+            let e = OutputOptions::from_parameters(&params(&format!(
+                r#"{{"classification": {text}}}"#
+            )))
+            .unwrap_err();
+            let kind = if text == "1e300" {
+                "a number beyond the 64-bit integer range"
+            } else {
+                "a number with a fraction or exponent"
+            };
+            assert_eq!(
+                e.to_string(),
+                format!("parameter 'classification' must be an unsigned integer, not {kind}"),
+                "{text}"
+            );
+        }
+        for text in ["18446744073709551616", "-9223372036854775809"] {
+            let e = OutputOptions::from_parameters(&params(&format!(
+                r#"{{"classification": {text}}}"#
+            )))
+            .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "parameter 'classification' must be an unsigned integer, not a number beyond the 64-bit integer range",
+                "{text}"
+            );
+        }
         let e = OutputOptions::from_parameters(&params(r#"{"binary_data": null}"#)).unwrap_err();
         assert_eq!(
             e.to_string(),

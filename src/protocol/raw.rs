@@ -44,9 +44,12 @@ pub fn expand_raw(body: Bytes, model: &ModelMetadata, limits: &Limits) -> Result
 
     let (mut shape, data): (Vec<u64>, Bytes) = match datatype.fixed_size() {
         None => {
-            if !matches!(dims, [1] | [-1]) {
+            // The extension allows BYTES only with shape [1] (after the batch dimension),
+            // and so does Triton ("the model must have input shape [1]"): a variable
+            // dimension would have to be read as one element, which is a guess.
+            if dims != [1] {
                 return Err(err(format!(
-                    "BYTES needs the model shape [1], not {model_shape}"
+                    "BYTES needs the model shape [1] (or [-1,1] with a batch dimension), not {model_shape}"
                 )));
             }
             let len = u32::try_from(body.len())
@@ -156,11 +159,19 @@ mod tests {
         let r = expand(b"hello", &model(&[("S", "BYTES", &[1])])).unwrap();
         assert_eq!(r.inputs[0].shape, vec![1]);
         assert_eq!(&r.inputs[0].data[..], b"\x05\x00\x00\x00hello");
-        let e = expand(b"hello", &model(&[("S", "BYTES", &[2])])).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "raw binary request for input 'S': BYTES needs the model shape [1], not [2]"
-        );
+        let r = expand(b"hi", &model(&[("S", "BYTES", &[-1, 1])])).unwrap();
+        assert_eq!(r.inputs[0].shape, vec![1, 1]);
+        assert_eq!(&r.inputs[0].data[..], b"\x02\x00\x00\x00hi");
+        for shape in [&[2][..], &[-1], &[-1, -1], &[1, 1], &[-1, 2], &[]] {
+            let e = expand(b"hello", &model(&[("S", "BYTES", shape)])).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "raw binary request for input 'S': BYTES needs the model shape [1] (or [-1,1] with a batch dimension), not {}",
+                    format_shape(shape)
+                )
+            );
+        }
     }
 
     #[test]
