@@ -514,3 +514,158 @@ async fn backend_that_dies_after_discovery() {
     );
     env.shutdown().await;
 }
+
+/// A body compressed as HTTP's `deflate` coding: zlib format (RFC 1950).
+fn deflate(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).expect("deflate to memory");
+    e.finish().expect("deflate to memory")
+}
+
+fn inflate(data: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::ZlibDecoder::new(data)
+        .read_to_end(&mut out)
+        .expect("valid deflate (zlib) data");
+    out
+}
+
+#[tokio::test]
+async fn deflate_request_and_response_bodies() {
+    for topology in Topology::ALL {
+        let env = start(topology).await;
+        let a: Vec<i32> = (0..16).collect();
+        let sum: Vec<i32> = a.iter().map(|v| v * 2).collect();
+        let json = serde_json::to_vec(&simple_request(&a, &a)).unwrap();
+
+        // A deflate body is accepted; without Accept-Encoding the answer is plain.
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Content-Encoding", "deflate")
+            .header("Content-Type", "application/json")
+            .body(deflate(&json));
+        let r = env.send(req).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{topology:?}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.header("content-encoding"), None);
+        assert_eq!(int32s(output(&r.decode(), "OUTPUT0")), sum);
+
+        // Accept-Encoding: deflate compresses the response, JSON or binary; a binary one
+        // keeps its IHCL, which counts bytes of the decompressed body.
+        for binary in [false, true] {
+            let mut req_json = simple_request(&a, &a);
+            if binary {
+                req_json["parameters"] = json!({ "binary_data_output": true });
+            }
+            let req = env
+                .client
+                .post(env.url("/v2/models/simple/infer"))
+                .header("Content-Encoding", "deflate")
+                .header("Accept-Encoding", "deflate")
+                .header("Content-Type", "application/json")
+                .body(deflate(&serde_json::to_vec(&req_json).unwrap()));
+            let mut r = env.send(req).await;
+            assert_eq!(r.status, 200, "{topology:?} binary={binary}");
+            assert_eq!(r.header("content-encoding"), Some("deflate"));
+            assert_eq!(
+                r.header("x-tensorgate-backend"),
+                Some(topology.backend_name())
+            );
+            r.body = inflate(&r.body).into();
+            if binary {
+                r.assert_binary_response();
+            } else {
+                r.assert_json_response();
+            }
+            let resp = r.decode();
+            assert_eq!(int32s(output(&resp, "OUTPUT0")), sum);
+            assert_eq!(int32s(output(&resp, "OUTPUT1")), vec![0; 16]);
+        }
+
+        // A body that is not deflate data is the client's error.
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Content-Encoding", "deflate")
+            .header("Content-Type", "application/json")
+            .body(json.clone());
+        env.send(req).await.assert_error(
+            400,
+            "cannot read the request body: deflate decompression error",
+        );
+        env.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn plaintext_h2_with_prior_knowledge() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    // An h2c client that starts with the HTTP/2 preface: no upgrade, no TLS.
+    let h2c: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    for topology in Topology::ALL {
+        let env = start(topology).await;
+        let a: Vec<i32> = (0..16).collect();
+        let json = serde_json::to_vec(&simple_request(&a, &a)).unwrap();
+        let send = |method: &str, path: &str, body: Vec<u8>| {
+            let req = http::Request::builder()
+                .method(method)
+                .uri(env.url(path))
+                .header("content-type", "application/json")
+                .body(Full::new(bytes::Bytes::from(body)))
+                .unwrap();
+            let h2c = h2c.clone();
+            async move {
+                let resp = h2c.request(req).await.expect("an h2c answer");
+                let (parts, body) = resp.into_parts();
+                let bytes = body.collect().await.expect("the body").to_bytes();
+                (parts, bytes)
+            }
+        };
+
+        let (parts, body) = send("GET", "/v2/health/ready", Vec::new()).await;
+        assert_eq!(parts.version, http::Version::HTTP_2);
+        assert_eq!(parts.status, 200);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({ "ready": true })
+        );
+
+        let (parts, body) = send("POST", "/v2/models/simple/infer", json.clone()).await;
+        assert_eq!(parts.version, http::Version::HTTP_2);
+        assert_eq!(
+            parts.status,
+            200,
+            "{topology:?}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(
+            parts.headers["x-tensorgate-backend"],
+            topology.backend_name()
+        );
+        let resp: Value = serde_json::from_slice(&body).unwrap();
+        let sum: Vec<i32> = a.iter().map(|v| v * 2).collect();
+        assert_eq!(resp["outputs"][0]["name"], "OUTPUT0");
+        assert_eq!(resp["outputs"][0]["data"], json!(sum));
+
+        // Errors keep their status and body over h2.
+        let (parts, body) = send("POST", "/v2/models/nope/infer", json.clone()).await;
+        assert_eq!(parts.status, 404);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({ "error": "unknown model 'nope'" })
+        );
+        env.shutdown().await;
+    }
+}
