@@ -18,8 +18,10 @@ pub enum GatewayError {
     /// The client sent its body too slowly: 408.
     RequestTimeout(String),
     PayloadTooLarge(String),
-    /// An unsupported `Content-Encoding`: 501, as Triton answers.
-    NotImplemented(String),
+    /// A request body in a content coding we cannot decode: 415 (RFC 9110 15.5.16). Triton
+    /// answers 501 here; we do not, because the client chose the coding, and a client's error
+    /// is never a 5xx.
+    UnsupportedEncoding(String),
     /// No healthy backend, or the gateway is shedding load: 503.
     Unavailable(String),
     /// The request's deadline passed: 504.
@@ -40,13 +42,16 @@ impl GatewayError {
         match self {
             GatewayError::Protocol(ProtocolError::Invalid(_)) => StatusCode::BAD_REQUEST,
             GatewayError::Protocol(ProtocolError::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::Protocol(ProtocolError::Inconsistent(_)) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::BadGateway(_) => StatusCode::BAD_GATEWAY,
@@ -64,7 +69,7 @@ impl GatewayError {
             | GatewayError::Unauthorized(m)
             | GatewayError::RequestTimeout(m)
             | GatewayError::PayloadTooLarge(m)
-            | GatewayError::NotImplemented(m)
+            | GatewayError::UnsupportedEncoding(m)
             | GatewayError::Unavailable(m)
             | GatewayError::Timeout(m)
             | GatewayError::BadGateway(m)
@@ -107,6 +112,11 @@ mod tests {
             GatewayError::from(ProtocolError::too_large("big")).status(),
             StatusCode::PAYLOAD_TOO_LARGE
         );
+        // A tensor the server built wrongly is the server's fault.
+        assert_eq!(
+            GatewayError::from(ProtocolError::Inconsistent("output 'y': bad".into())).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
         let b = GatewayError::Backend {
             status: StatusCode::CONFLICT,
             message: "m".into(),
@@ -115,6 +125,10 @@ mod tests {
         assert_eq!(
             GatewayError::Timeout("t".into()).status(),
             StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            GatewayError::UnsupportedEncoding("br".into()).status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
         );
     }
 }

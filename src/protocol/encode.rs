@@ -91,7 +91,7 @@ fn put_parameters(out: &mut Vec<u8>, p: &Parameters, binary_size: Option<usize>)
 /// send a body the client cannot read (binary) or silently drop elements (JSON).
 pub(crate) fn check_consistent(t: &Tensor) -> Result<()> {
     let count = t.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
-    let inconsistent = |m: String| ProtocolError::invalid(format!("inconsistent tensor: {m}"));
+    let inconsistent = |m: String| ProtocolError::Inconsistent(format!("inconsistent tensor: {m}"));
     match t.datatype.fixed_size() {
         Some(size) => {
             let need = count.and_then(|n| n.checked_mul(size as u64));
@@ -328,11 +328,10 @@ mod tests {
         for (t, want) in cases {
             let resp = response(vec![t]);
             for binary in [true, false] {
-                assert_eq!(
-                    encode_response(&resp, &[binary]).unwrap_err().to_string(),
-                    want,
-                    "binary {binary}"
-                );
+                let e = encode_response(&resp, &[binary]).unwrap_err();
+                assert_eq!(e.to_string(), want, "binary {binary}");
+                // The server built it: the gateway answers 500, not 400.
+                assert!(matches!(e, ProtocolError::Inconsistent(_)), "{e:?}");
             }
         }
         // Requests name the input.

@@ -1,5 +1,5 @@
-//! Errors of the protocol layer. Every one is the client's (or a backend body's) fault;
-//! the server maps them to HTTP statuses in one place (`crate::error`).
+//! Errors of the protocol layer. All but `Inconsistent` are the client's (or a backend
+//! body's) fault; the server maps them to HTTP statuses in one place (`crate::error`).
 
 use std::fmt;
 
@@ -9,6 +9,9 @@ pub enum ProtocolError {
     Invalid(String),
     /// A configured size limit was exceeded: 413.
     TooLarge(String),
+    /// A tensor built by the server itself (a built-in model's output) whose bytes do not
+    /// match its shape: never the client's fault, so a 500.
+    Inconsistent(String),
 }
 
 impl ProtocolError {
@@ -22,7 +25,9 @@ impl ProtocolError {
 
     pub fn message(&self) -> &str {
         match self {
-            ProtocolError::Invalid(m) | ProtocolError::TooLarge(m) => m,
+            ProtocolError::Invalid(m)
+            | ProtocolError::TooLarge(m)
+            | ProtocolError::Inconsistent(m) => m,
         }
     }
 
@@ -31,6 +36,7 @@ impl ProtocolError {
         match self {
             ProtocolError::Invalid(m) => ProtocolError::Invalid(format!("{m}; {hint}")),
             ProtocolError::TooLarge(m) => ProtocolError::TooLarge(format!("{m}; {hint}")),
+            ProtocolError::Inconsistent(m) => ProtocolError::Inconsistent(format!("{m}; {hint}")),
         }
     }
 
@@ -40,6 +46,7 @@ impl ProtocolError {
         match self {
             ProtocolError::Invalid(m) => ProtocolError::Invalid(wrap(m)),
             ProtocolError::TooLarge(m) => ProtocolError::TooLarge(wrap(m)),
+            ProtocolError::Inconsistent(m) => ProtocolError::Inconsistent(wrap(m)),
         }
     }
 }
