@@ -282,7 +282,7 @@ async fn content_encodings() {
         let a: Vec<i32> = (0..16).collect();
         let json = serde_json::to_vec(&simple_request(&a, &a)).unwrap();
 
-        // An unsupported encoding is a 501.
+        // An unsupported encoding is the client's error: 415, where Triton answers 501.
         let req = env
             .client
             .post(env.url("/v2/models/simple/infer"))
@@ -290,8 +290,8 @@ async fn content_encodings() {
             .header("Content-Type", "application/json")
             .body(json.clone());
         env.send(req).await.assert_error(
-            501,
-            "unsupported Content-Encoding 'br'; use gzip, deflate or none",
+            415,
+            "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
         );
 
         // A gzip body is accepted; without Accept-Encoding the answer is plain.

@@ -1,5 +1,5 @@
-//! A corpus of malformed requests: each gets a 4xx with `{"error": ...}` (501 for an unknown
-//! Content-Encoding, as Triton answers), and the gateway keeps serving valid requests,
+//! A corpus of malformed requests: each gets a 4xx with `{"error": ...}` (415 for an unknown
+//! Content-Encoding, where Triton answers 501), and the gateway keeps serving valid requests,
 //! checked between every case and by a concurrent client throughout.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -596,8 +596,8 @@ fn corpus() -> Vec<Case> {
     let mut br = case(
         "brotli body",
         good.clone(),
-        501,
-        "unsupported Content-Encoding 'br'",
+        415,
+        "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
     );
     br.headers.push(("content-encoding", "br".into()));
     v.push(br);
@@ -658,6 +658,8 @@ async fn malformed_requests_get_4xx_and_harm_no_one() {
     let mut wrong: Vec<String> = Vec::new();
     assert!(cases.len() >= 60, "the corpus has {} cases", cases.len());
     for c in &cases {
+        // Every case is the client's fault, so every expected status is a 4xx.
+        assert!((400..500).contains(&c.status), "{}: {}", c.name, c.status);
         let mut r = client
             .post(format!("{base}{}", c.path))
             .body(c.body.clone());

@@ -335,13 +335,15 @@ fn allowed_method(message: &str) -> Option<http::HeaderValue> {
 }
 
 /// gzip and deflate bodies were decoded by the decompression layer, which removes the header;
-/// anything still marked as encoded is an encoding we do not support (501, like Triton).
+/// anything still marked as encoded is a coding we cannot decode. Triton answers 501 here; we
+/// answer 415 (RFC 9110 15.5.16 allows it for an unsupported content coding), because the
+/// client chose the coding and a client's error is never a 5xx.
 fn check_content_encoding<B>(req: &Request<B>) -> Result<(), GatewayError> {
     match req.headers().get(header::CONTENT_ENCODING) {
         None => Ok(()),
         Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => Ok(()),
-        Some(v) => Err(GatewayError::NotImplemented(format!(
-            "unsupported Content-Encoding '{}'; use gzip, deflate or none",
+        Some(v) => Err(GatewayError::UnsupportedEncoding(format!(
+            "unsupported Content-Encoding '{}'; supported: gzip, deflate, identity",
             String::from_utf8_lossy(v.as_bytes())
         ))),
     }
