@@ -244,6 +244,113 @@ async fn certificates_reload_without_a_restart() {
     gw.shutdown().await;
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `signal` to the process `pid`.
+fn kill(signal: &str, pid: u32) {
+    assert!(std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_certificates_of_the_running_binary() {
+    let first = Pki::new("sighup-a");
+    let (cert, key) = first.issue("server", &["localhost"], false);
+    let port = free_port();
+    let config = std::env::temp_dir().join(format!("tg-sighup-tls-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+             log_format = \"json\"\n\
+             [server.tls]\ncert = {:?}\nkey = {:?}\n\
+             [[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
+            free_port(),
+            cert.to_str().unwrap(),
+            key.to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        // Only the reload's lines: stderr is read after the exit, so it must not fill its pipe.
+        .env("RUST_LOG", "warn,tensorgate::reload=info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let url = format!("https://localhost:{port}/v2/health/live");
+    let trusting = |pki: &Pki| https_client(client_tls(&pki.ca(), None, &[b"http/1.1"]), false);
+    let mut up = false;
+    for _ in 0..200 {
+        if get(&trusting(&first), &url).await.is_ok_and(|r| r.0 == 200) {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the gateway never served its first certificate");
+
+    // Replace the files with a certificate from another CA, and signal.
+    let second = Pki::new("sighup-b");
+    let (c2, k2) = second.issue("server", &["localhost"], false);
+    std::fs::copy(&c2, &cert).unwrap();
+    std::fs::copy(&k2, &key).unwrap();
+    let mut reloaded = false;
+    for _ in 0..100 {
+        kill("-HUP", pid);
+        // A fresh client each time: a new connection, a new handshake.
+        if get(&trusting(&second), &url)
+            .await
+            .is_ok_and(|r| r.0 == 200)
+        {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        reloaded,
+        "no handshake with the new certificate after SIGHUP"
+    );
+    assert!(
+        get(&trusting(&first), &url).await.is_err(),
+        "new connections use the new certificate"
+    );
+
+    kill("-TERM", pid);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    let _ = std::fs::remove_file(&config);
+    // SIGHUP did it (the files are also polled for changes, which would reload them too).
+    let by_sighup = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|v| {
+            v["fields"]["message"] == "TLS certificates reloaded"
+                && v["fields"]["trigger"] == "SIGHUP"
+        });
+    assert!(by_sighup, "{logs}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_backend_with_custom_ca_and_client_certificate() {
     let pki = Pki::new("backend");

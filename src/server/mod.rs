@@ -3,19 +3,22 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{timeout_at, Instant};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
@@ -25,6 +28,8 @@ use crate::body::{error_response, full, Body, BoxError};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::tls::ReloadableTls;
+
+mod conn;
 
 /// The innermost service: hands each request to the gateway.
 #[derive(Clone)]
@@ -45,7 +50,20 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let gw = self.0.clone();
-        Box::pin(async move { Ok(gw.handle(req).await) })
+        let http1 = req.version() < http::Version::HTTP_2;
+        Box::pin(async move {
+            let mut response = gw.clone().handle(req).await;
+            // While draining (before the listener closes, during limits.shutdown_delay_ms),
+            // tell HTTP/1 clients to stop reusing the connection. Each then closes after its
+            // response, so that by the time the listener closes no client is about to send
+            // on an idle keep-alive connection that the shutdown would close under it.
+            if http1 && gw.is_draining() {
+                response
+                    .headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(response)
+        })
     }
 }
 
@@ -61,7 +79,8 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> 
 pub struct ServeOptions {
     /// TLS for every connection, reloadable; `None` serves plain HTTP.
     pub tls: Option<Arc<ReloadableTls>>,
-    /// Time for a request head (and the TLS handshake); also bounds idle HTTP/1 keep-alive.
+    /// Time for the TLS handshake and a connection's first bytes, then for each request
+    /// head; so it also bounds idle HTTP/1 keep-alive and connections that never send.
     pub header_read_timeout: Duration,
     /// Largest request head, HTTP/1 and h2.
     pub max_header_bytes: usize,
@@ -98,76 +117,159 @@ pub async fn serve<S, ResBody>(
     ResBody::Error: Into<BoxError>,
 {
     let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
-        // hyper's floor for its read buffer is 8 KiB.
-        .max_buf_size(options.max_header_bytes.max(8192))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(options.max_header_bytes.min(u32::MAX as usize) as u32)
-        .keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(20));
+    let connections = Connections::new(service, &options);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let watcher = graceful.watcher();
-                let builder = builder.clone();
-                let service = TowerToHyperService::new(service.clone());
-                let tls = options.tls.as_ref().map(|t| t.acceptor());
-                let handshake_timeout = options.header_read_timeout;
-                // The handshake runs in the connection's task, so a slow client cannot
-                // stall the accept loop.
-                tokio::spawn(async move {
-                    let result = match tls {
-                        None => {
-                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                        Some(acceptor) => {
-                            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                                Ok(Ok(s)) => s,
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    tracing::debug!(%peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            };
-                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => connections.spawn(stream, peer, graceful.watcher()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
             _ = &mut shutdown => break,
         }
     }
-    drop(listener);
+    connections.accept_backlog(listener, &graceful);
+    // Each connection now finishes the request it is reading or handling (HTTP/1 then
+    // closes; h2 sends GOAWAY), and idle keep-alive connections close at once.
     if tokio::time::timeout(options.drain, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!("drain deadline passed with connections still open");
+    }
+}
+
+/// What every connection of one listener shares.
+#[derive(Clone)]
+struct Connections<S> {
+    service: S,
+    /// The same settings, fixed to one protocol each: the protocol is sniffed here
+    /// (`conn::sniff`), not by hyper-util's auto builder.
+    http1: auto::Builder<TokioExecutor>,
+    h2: auto::Builder<TokioExecutor>,
+    tls: Option<Arc<ReloadableTls>>,
+    header_read_timeout: Duration,
+}
+
+impl<S: Clone> Connections<S> {
+    fn new(service: S, options: &ServeOptions) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            // Bounds the head of every request, and so also how long an idle keep-alive
+            // connection stays open: hyper starts the timer when it waits for the next head.
+            .header_read_timeout(options.header_read_timeout)
+            // hyper's floor for its read buffer is 8 KiB.
+            .max_buf_size(options.max_header_bytes.max(8192))
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(options.max_header_bytes.min(u32::MAX as usize) as u32)
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20));
+        Connections {
+            service,
+            http1: builder.clone().http1_only(),
+            h2: builder.http2_only(),
+            tls: options.tls.clone(),
+            header_read_timeout: options.header_read_timeout,
+        }
+    }
+}
+
+impl<S, ResBody> Connections<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<ResBody>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    /// Serves one connection in its own task; the TLS handshake runs there too, so a slow
+    /// client cannot stall the accept loop.
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr, watcher: Watcher) {
+        let _ = stream.set_nodelay(true);
+        let this = self.clone();
+        tokio::spawn(async move {
+            // One deadline for the handshake and the first bytes of a request.
+            let deadline = Instant::now() + this.header_read_timeout;
+            let result = match this.tls.as_ref().map(|t| t.acceptor()) {
+                None => this.serve(stream, deadline, watcher).await,
+                Some(acceptor) => match timeout_at(deadline, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => this.serve(stream, deadline, watcher).await,
+                    Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
+                    Err(_) => Err("TLS handshake timed out".to_string()),
+                },
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+
+    /// `watcher` is taken when the connection is accepted, so that a shutdown waits for a
+    /// connection still in its handshake or first bytes; once hyper has it, a shutdown lets
+    /// the request in progress, or the first one, finish.
+    async fn serve<I>(self, io: I, deadline: Instant, watcher: Watcher) -> Result<(), String>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (proto, io) = match timeout_at(deadline, conn::sniff(io)).await {
+            Ok(Ok(sniffed)) => sniffed,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("no request within the header-read timeout".to_string()),
+        };
+        let builder = match proto {
+            conn::Proto::Http1 => &self.http1,
+            conn::Proto::H2 => &self.h2,
+        };
+        let service = TowerToHyperService::new(self.service.clone());
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        watcher
+            .watch(connection.into_owned())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Closes the listener, first serving the connections the kernel has already completed:
+    /// their clients believe they are connected and have sent a request, which closing the
+    /// listener would reset instead of refusing.
+    fn accept_backlog(&self, listener: TcpListener, graceful: &GracefulShutdown) {
+        // The std listener accepts with a plain syscall, so it finds every queued connection,
+        // including those the reactor has not reported yet.
+        let listener = match listener.into_std() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take the listener's queued connections");
+                return;
+            }
+        };
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let stream = stream
+                        .set_nonblocking(true)
+                        .and_then(|()| TcpStream::from_std(stream));
+                    match stream {
+                        Ok(s) => self.spawn(s, peer, graceful.watcher()),
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "cannot serve a queued connection")
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // WouldBlock: the queue is empty. The listener closes when dropped here.
+                Err(_) => break,
+            }
+        }
     }
 }
 

@@ -83,6 +83,7 @@ def test_ports_probes_and_scraping_agree_with_the_config(layout, text):
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert ports[gateway["readinessProbe"]["httpGet"]["port"]] == api
+    assert ports[gateway["livenessProbe"]["httpGet"]["port"]] == api
     ann = pod["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true"
     assert int(ann["prometheus.io/port"]) == metrics
@@ -92,11 +93,29 @@ def test_ports_probes_and_scraping_agree_with_the_config(layout, text):
             continue
         targets = {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}
         assert targets == {"http": "http", "metrics": "metrics"}
-    # The drain fits in the grace period, after the preStop sleep.
-    drain_ms = tomllib.loads(text).get("limits", {}).get("drain_timeout_ms", 30000)
+    # tensorgate's shutdown (preStop sleep, then shutdown delay and drain) fits in the grace
+    # period, and every other container of its Pod (the sidecar's model server) outlives it,
+    # since tensorgate forwards to it until the drain ends, and has time left to stop itself.
     grace = pod["spec"]["terminationGracePeriodSeconds"]
-    sleep = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert sleep + drain_ms / 1000 < grace
+    gateway_done = prestop_sleep(gateway) + shutdown_seconds(text)
+    assert gateway_done < grace
+    for other in pod["spec"]["containers"]:
+        if other is gateway:
+            continue
+        sleep = prestop_sleep(other)
+        assert sleep > gateway_done, f"{other['name']} gets SIGTERM while tensorgate still drains"
+        assert sleep < grace, f"{other['name']} has no time to stop"
+
+
+def prestop_sleep(container):
+    """Seconds a container's preStop hook sleeps (0 without one)."""
+    return container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+
+
+def shutdown_seconds(config_text):
+    """How long tensorgate may take after SIGTERM: shutdown delay plus drain timeout."""
+    limits = tomllib.loads(config_text).get("limits", {})
+    return (limits.get("shutdown_delay_ms", 0) + limits.get("drain_timeout_ms", 30000)) / 1000
 
 
 def test_front_door_has_the_pieces_users_expect():
