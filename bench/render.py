@@ -152,7 +152,7 @@ if ratios:
         print(f"- {group}: **{ratio:.2f}×**")
 
 print("\n## 6. Sequence hash quality\n")
-print("`cargo run --release --example hash_quality`: Maglev at the default `fleet.hash_table_size`, keyed by")
+print("`cargo run --release --example hash_quality`: the sequence table at the default `fleet.hash_table_size`, keyed by")
 print("`routing::sequence_key` of `accumulate` sequences 1..1M, members named like backend URLs.\n")
 hq = out / "hash_quality.jsonl"
 rows_hq = [json.loads(l) for l in hq.read_text().splitlines() if l.startswith("{")] if hq.exists() else []
@@ -170,7 +170,7 @@ if moved:
     print(f"Keys moved when one backend joins (N−1 → N) or leaves (N → N−1), as moved share × N: 1.00 is the")
     print(f"minimum any consistent hash can do; the target is ≤ {r0['target']} (at most {r0['target']}/N of the keys move).")
     print(f"Mean and worst of {r0['trials']} joins and {r0['trials']} leaves of different backends, {r0['keys']:,} keys,"
-          f" table of {r0['table_size']:,} slots.\n")
+          f" table of {r0['table_size']:,} buckets.\n")
     print("| N | join: moved × N (mean / worst) | leave: moved × N (mean / worst) | target | met |")
     print("| ---: | ---: | ---: | ---: | --- |")
     for n in sorted({n for n, _ in moved}):
@@ -182,8 +182,8 @@ balance = [r for r in rows_hq if r["metric"] == "balance"]
 if balance:
     print("\nLoad balance: the busiest backend's keys over the mean, over 1M keys (sampling noise alone puts the")
     print("busiest of N backends about 2.5% above the mean at N = 100 and 10% at N = 1,000), and the same for")
-    print("table slots, which is the hash's own balance without that noise.\n")
-    print("| N | max/mean keys | max/mean slots | target | met |")
+    print("table buckets, which is the hash's own balance without that noise.\n")
+    print("| N | max/mean keys | max/mean buckets | target | met |")
     print("| ---: | ---: | ---: | ---: | --- |")
     for r in sorted(balance, key=lambda r: r["n"]):
         target = f"≤ {r['target']}" if r["target"] is not None else "none"

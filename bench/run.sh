@@ -166,7 +166,7 @@ for b in codec routing classify; do
   if [ -f "benches/$b.rs" ]; then step "criterion_$b" criterion "$b"; fi
 done
 
-echo "== 6. sequence hash quality (Maglev at the default table size, 1M keys)"
+echo "== 6. sequence hash quality (the sequence table at the default size, 1M keys)"
 hash_quality() { cargo run --release --locked -q --example hash_quality > "$OUT/hash_quality.jsonl" 2> "$OUT/hash_quality.log"; }
 step hash_quality hash_quality
 

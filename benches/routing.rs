@@ -1,10 +1,11 @@
-//! Cost of picking a backend for a sequence: Maglev lookups at 10, 100 and 1,000 backends,
-//! against rendezvous hashing (the O(N) alternative) for comparison, plus building a table.
+//! Cost of picking a backend for a sequence: sequence-table lookups at 10, 100 and 1,000
+//! backends, against per-key rendezvous hashing (the O(N) alternative) for comparison; plus
+//! building a table, and updating one when a backend joins.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use tensorgate::protocol::SequenceId;
-use tensorgate::routing::maglev::{Maglev, DEFAULT_TABLE_SIZE};
 use tensorgate::routing::sequence_key;
+use tensorgate::routing::table::{SequenceTable, DEFAULT_TABLE_SIZE};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 fn members(n: usize) -> Vec<String> {
@@ -18,9 +19,9 @@ fn pick(c: &mut Criterion) {
     for n in [10usize, 100, 1000] {
         let names = members(n);
         let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
-        let table = Maglev::new(&m, DEFAULT_TABLE_SIZE);
+        let table = SequenceTable::new(&m, DEFAULT_TABLE_SIZE);
         let mut i = 0u64;
-        g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
+        g.bench_with_input(BenchmarkId::new("table", n), &n, |b, _| {
             b.iter(|| {
                 i = i.wrapping_add(1);
                 // The whole routing step: hash (model, sequence id), then look up.
@@ -52,8 +53,17 @@ fn pick(c: &mut Criterion) {
     for n in [10usize, 100] {
         let names = members(n);
         let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
-        g.bench_with_input(BenchmarkId::new("maglev", n), &n, |b, _| {
-            b.iter(|| black_box(Maglev::new(&m, DEFAULT_TABLE_SIZE)))
+        g.bench_with_input(BenchmarkId::new("full", n), &n, |b, _| {
+            b.iter(|| black_box(SequenceTable::new(&m, DEFAULT_TABLE_SIZE)))
+        });
+    }
+    // What a membership change costs: one backend joins a fleet of N - 1.
+    for n in [10usize, 100, 1000] {
+        let names = members(n);
+        let m: Vec<(&str, u32)> = names.iter().map(|s| (s.as_str(), 1)).collect();
+        let before = SequenceTable::new(&m[..n - 1], DEFAULT_TABLE_SIZE);
+        g.bench_with_input(BenchmarkId::new("join", n), &n, |b, _| {
+            b.iter(|| black_box(SequenceTable::derive(&before, &m, DEFAULT_TABLE_SIZE)))
         });
     }
     g.finish();

@@ -1,5 +1,6 @@
-//! Measures the sequence hash the gateway uses (Maglev at the default
-//! `fleet.hash_table_size`, keyed by `routing::sequence_key`) against issue 4's targets:
+//! Measures the sequence hash the gateway uses (`routing::table::SequenceTable` at the
+//! default `fleet.hash_table_size`, keyed by `routing::sequence_key`) against issue 4's
+//! targets:
 //!
 //! - keys moved when one of N backends joins or leaves: at most 1.2/N, reported as the moved
 //!   share times N (1.0 is the minimum any consistent hash can do; N is the larger of the two
@@ -16,8 +17,8 @@ use std::time::Instant;
 use serde_json::json;
 use tensorgate::config::FleetConfig;
 use tensorgate::protocol::SequenceId;
-use tensorgate::routing::maglev::{is_valid_table_size, Maglev};
 use tensorgate::routing::sequence_key;
+use tensorgate::routing::table::{is_valid_table_size, SequenceTable};
 
 const KEYS: u64 = 1_000_000;
 /// Joins and leaves measured per N, each with another backend joining or leaving.
@@ -36,9 +37,18 @@ fn member(i: usize) -> String {
     )
 }
 
-fn build(members: &[String], size: usize) -> Maglev {
-    let weighted: Vec<(&str, u32)> = members.iter().map(|m| (m.as_str(), 1)).collect();
-    Maglev::new(&weighted, size)
+fn weighted(members: &[String]) -> Vec<(&str, u32)> {
+    members.iter().map(|m| (m.as_str(), 1)).collect()
+}
+
+fn build(members: &[String], size: usize) -> SequenceTable {
+    SequenceTable::new(&weighted(members), size)
+}
+
+/// The table after a membership change, updated from the one before, as the gateway does
+/// (the unit tests check that this equals a full build).
+fn derive(before: &SequenceTable, members: &[String], size: usize) -> SequenceTable {
+    SequenceTable::derive(before, &weighted(members), size)
 }
 
 /// The sequence keys of `accumulate` sequences 1..=KEYS, as the router computes them.
@@ -49,7 +59,7 @@ fn keys() -> Vec<u64> {
 }
 
 /// Owner (as a member name) of every key.
-fn owners<'a>(table: &Maglev, members: &'a [String], keys: &[u64]) -> Vec<&'a str> {
+fn owners<'a>(table: &SequenceTable, members: &'a [String], keys: &[u64]) -> Vec<&'a str> {
     keys.iter()
         .map(|k| members[table.lookup(*k).expect("a non-empty table")].as_str())
         .collect()
@@ -60,14 +70,15 @@ fn moved_share(before: &[&str], after: &[&str]) -> f64 {
     moved as f64 / before.len() as f64
 }
 
-/// Joins (N-1 → N) and leaves (N → N-1) of different members; moved share × N of each.
+/// Leaves (N → N-1) of different members, and joins (N-1 → N) of a new member to what was
+/// left; moved share × N of each. One full build; every change is derived from it.
 fn movement(n: usize, size: usize, keys: &[u64]) -> (Vec<f64>, Vec<f64>) {
     let full: Vec<String> = (0..n).map(member).collect();
-    let full_owners = owners(&build(&full, size), &full, keys);
+    let full_table = build(&full, size);
+    let full_owners = owners(&full_table, &full, keys);
     let (mut joins, mut leaves) = (Vec::new(), Vec::new());
     for t in 0..TRIALS {
-        // Spread the member that changes over the fleet; a join and a leave are the same
-        // pair of memberships seen in opposite directions, so new members are used for joins.
+        // Spread the member that changes over the fleet.
         let gone = (t * n) / TRIALS;
         let fewer: Vec<String> = full
             .iter()
@@ -75,15 +86,14 @@ fn movement(n: usize, size: usize, keys: &[u64]) -> (Vec<f64>, Vec<f64>) {
             .filter(|(i, _)| *i != gone)
             .map(|(_, m)| m.clone())
             .collect();
-        let fewer_owners = owners(&build(&fewer, size), &fewer, keys);
+        let fewer_table = derive(&full_table, &fewer, size);
+        let fewer_owners = owners(&fewer_table, &fewer, keys);
         leaves.push(moved_share(&full_owners, &fewer_owners) * n as f64);
 
-        let base: Vec<String> = (0..n - 1).map(|i| member(n + 1000 + t * n + i)).collect();
-        let mut joined = base.clone();
-        joined.push(member(n + 1000 + t * n + n - 1));
-        let base_owners = owners(&build(&base, size), &base, keys);
-        let joined_owners = owners(&build(&joined, size), &joined, keys);
-        joins.push(moved_share(&base_owners, &joined_owners) * n as f64);
+        let mut joined = fewer.clone();
+        joined.push(member(n + 1000 + t));
+        let joined_owners = owners(&derive(&fewer_table, &joined, size), &joined, keys);
+        joins.push(moved_share(&fewer_owners, &joined_owners) * n as f64);
     }
     (joins, leaves)
 }

@@ -151,7 +151,7 @@ async fn a_worker_added_by_reload_takes_new_sequences_while_live_ones_stay() {
         .iter()
         .filter(|s| {
             let key = sequence_key("accumulate", &SequenceId::Uint(s.id));
-            let owner = &entry.ready[entry.maglev.lookup(key).unwrap()].name;
+            let owner = &entry.ready[entry.table.lookup(key).unwrap()].name;
             Some(owner) != s.backend.as_ref()
         })
         .count();

@@ -18,7 +18,7 @@ fn hash_owner(gw: &Running, id: u64) -> String {
     let catalog = gw.gateway.fleet.catalog();
     let entry = catalog.get("accumulate").expect("accumulate is served");
     let key = sequence_key("accumulate", &SequenceId::Uint(id));
-    entry.ready[entry.maglev.lookup(key).expect("a non-empty table")]
+    entry.ready[entry.table.lookup(key).expect("a non-empty table")]
         .name
         .clone()
 }

@@ -241,11 +241,11 @@ pub struct FleetConfig {
 
 fn table_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     let size = usize::deserialize(d)?;
-    if crate::routing::maglev::is_valid_table_size(size) {
+    if crate::routing::table::is_valid_table_size(size) {
         Ok(size)
     } else {
         Err(serde::de::Error::custom(format!(
-            "hash_table_size must be a prime from 1009 to 16777213, not {size} (for example 65537, 262139 or 1048573)"
+            "hash_table_size must be from 1009 to 16777213, not {size}"
         )))
     }
 }
@@ -262,7 +262,7 @@ impl Default for FleetConfig {
             eject_after_failures: 3,
             eject_base_ms: 1_000,
             eject_max_ms: 30_000,
-            hash_table_size: crate::routing::maglev::DEFAULT_TABLE_SIZE,
+            hash_table_size: crate::routing::table::DEFAULT_TABLE_SIZE,
             sequence_idle_timeout_ms: 300_000,
             max_sequences: 1_000_000,
             watch_config: true,

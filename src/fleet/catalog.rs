@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::BackendHandle;
 use crate::protocol::ModelMetadata;
-use crate::routing::maglev::Maglev;
+use crate::routing::table::SequenceTable;
 
 #[derive(Clone)]
 pub struct CatalogEntry {
@@ -15,7 +15,7 @@ pub struct CatalogEntry {
     /// Backends that report the model ready, in config order.
     pub ready: Vec<Arc<BackendHandle>>,
     /// The consistent-hash table over `ready`, for sequences.
-    pub maglev: Arc<Maglev>,
+    pub table: Arc<SequenceTable>,
     /// The tables this model had before its last membership changes, newest first, kept for
     /// one sequence idle timeout: a sequence that started under one of them lives on that
     /// table's owner, and a replica that never saw the sequence can only find it there.
@@ -27,7 +27,7 @@ pub struct CatalogEntry {
 pub struct PastTable {
     /// The member keys, by table index.
     pub members: Arc<[String]>,
-    pub maglev: Arc<Maglev>,
+    pub table: Arc<SequenceTable>,
     pub replaced_at: Instant,
 }
 
@@ -68,7 +68,7 @@ impl Catalog {
                 let entry = models.entry(name.clone()).or_insert_with(|| CatalogEntry {
                     metadata: Arc::new(m.metadata.clone()),
                     ready: Vec::new(),
-                    maglev: Arc::new(Maglev::new(&[], table_size)),
+                    table: Arc::new(SequenceTable::new(&[], table_size)),
                     history: Vec::new(),
                 });
                 if m.ready {
@@ -77,23 +77,28 @@ impl Catalog {
             }
         }
         // Models served by the same backends share one table.
-        let mut built: HashMap<Vec<(String, u32)>, Arc<Maglev>> = HashMap::new();
+        let mut built: HashMap<Vec<(String, u32)>, Arc<SequenceTable>> = HashMap::new();
         for prev in previous.models.values() {
-            if prev.maglev.table_size() != table_size && !prev.ready.is_empty() {
+            if prev.table.table_size() != table_size && !prev.ready.is_empty() {
                 continue;
             }
             built
                 .entry(signature(&prev.ready))
-                .or_insert_with(|| prev.maglev.clone());
+                .or_insert_with(|| prev.table.clone());
         }
-        for e in models.values_mut() {
+        for (name, e) in models.iter_mut() {
             let sig = signature(&e.ready);
-            e.maglev = built
+            e.table = built
                 .entry(sig)
                 .or_insert_with_key(|sig| {
                     let members: Vec<(&str, u32)> =
                         sig.iter().map(|(k, w)| (k.as_str(), *w)).collect();
-                    Arc::new(Maglev::new(&members, table_size))
+                    // The model's own previous table is the cheap place to start from: a
+                    // join or a leave updates it in O(buckets) rather than rebuilding.
+                    Arc::new(match previous.models.get(name) {
+                        Some(prev) => SequenceTable::derive(&prev.table, &members, table_size),
+                        None => SequenceTable::new(&members, table_size),
+                    })
                 })
                 .clone();
         }
@@ -121,11 +126,11 @@ impl Catalog {
 fn history_after(prev: &CatalogEntry, now: &CatalogEntry, window: HistoryWindow) -> Vec<PastTable> {
     let mut history = Vec::with_capacity(MAX_HISTORY);
     let changed = signature(&prev.ready) != signature(&now.ready)
-        || prev.maglev.table_size() != now.maglev.table_size();
+        || prev.table.table_size() != now.table.table_size();
     if changed && !prev.ready.is_empty() {
         history.push(PastTable {
             members: prev.ready.iter().map(|h| h.key.clone()).collect(),
-            maglev: prev.maglev.clone(),
+            table: prev.table.clone(),
             replaced_at: window.now,
         });
     }
@@ -183,8 +188,8 @@ mod tests {
             ["http://a", "http://b", "http://c"]
         );
         assert!(Arc::ptr_eq(
-            &e1.history[0].maglev,
-            &c0.get("m").unwrap().maglev
+            &e1.history[0].table,
+            &c0.get("m").unwrap().table
         ));
 
         // No change: the history stays as it was, until the window has passed.

@@ -1,7 +1,7 @@
 //! Choosing a backend: sequences by their pin or by a consistent hash that every replica
 //! computes alike, everything else by load (power of two choices on outstanding requests).
 
-pub mod maglev;
+pub mod table;
 pub mod pins;
 
 use std::sync::atomic::Ordering;
@@ -164,7 +164,7 @@ impl Router {
         // as it does on every replica.
         let key = sequence_key(model, id);
         let owner = entry
-            .maglev
+            .table
             .lookup(key)
             .map(|i| entry.ready[i].clone())
             .ok_or_else(|| no_backend(model))?;
@@ -226,7 +226,7 @@ fn no_backend(model: &str) -> GatewayError {
 fn past_owners(entry: &CatalogEntry, key: u64, current: &str) -> Vec<Arc<BackendHandle>> {
     let mut owners: Vec<Arc<BackendHandle>> = Vec::new();
     for past in &entry.history {
-        let Some(member) = past.maglev.lookup(key).and_then(|i| past.members.get(i)) else {
+        let Some(member) = past.table.lookup(key).and_then(|i| past.members.get(i)) else {
             continue;
         };
         if member == current || owners.iter().any(|h| &h.key == member) {
@@ -328,7 +328,7 @@ mod tests {
         let (old, new) = (before.get("m").unwrap(), after.get("m").unwrap());
         let owner = |e: &CatalogEntry, id: u64| {
             e.ready[e
-                .maglev
+                .table
                 .lookup(sequence_key("m", &SequenceId::Uint(id)))
                 .unwrap()]
             .key
