@@ -1,8 +1,8 @@
 //! Choosing a backend: sequences by their pin or by a consistent hash that every replica
 //! computes alike, everything else by load (power of two choices on outstanding requests).
 
-pub mod table;
 pub mod pins;
+pub mod table;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
