@@ -14,7 +14,6 @@ use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +29,9 @@ use crate::gateway::Gateway;
 use crate::tls::ReloadableTls;
 
 mod conn;
+mod drain;
+
+use drain::{Drain, Watch};
 
 /// The innermost service: hands each request to the gateway.
 #[derive(Clone)]
@@ -116,13 +118,13 @@ pub async fn serve<S, ResBody>(
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let graceful = GracefulShutdown::new();
+    let drain = Drain::new();
     let connections = Connections::new(service, &options);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => connections.spawn(stream, peer, graceful.watcher()),
+                Ok((stream, peer)) => connections.spawn(stream, peer, drain.watch()),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -131,10 +133,10 @@ pub async fn serve<S, ResBody>(
             _ = &mut shutdown => break,
         }
     }
-    connections.accept_backlog(listener, &graceful);
+    connections.accept_backlog(listener, &drain);
     // Each connection now finishes the request it is reading or handling (HTTP/1 then
     // closes; h2 sends GOAWAY), and idle keep-alive connections close at once.
-    if tokio::time::timeout(options.drain, graceful.shutdown())
+    if tokio::time::timeout(options.drain, drain.shutdown())
         .await
         .is_err()
     {
@@ -195,16 +197,16 @@ where
 {
     /// Serves one connection in its own task; the TLS handshake runs there too, so a slow
     /// client cannot stall the accept loop.
-    fn spawn(&self, stream: TcpStream, peer: SocketAddr, watcher: Watcher) {
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr, watch: Watch) {
         let _ = stream.set_nodelay(true);
         let this = self.clone();
         tokio::spawn(async move {
             // One deadline for the handshake and the first bytes of a request.
             let deadline = Instant::now() + this.header_read_timeout;
             let result = match this.tls.as_ref().map(|t| t.acceptor()) {
-                None => this.serve(stream, deadline, watcher).await,
+                None => this.serve(stream, deadline, watch).await,
                 Some(acceptor) => match timeout_at(deadline, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => this.serve(stream, deadline, watcher).await,
+                    Ok(Ok(stream)) => this.serve(stream, deadline, watch).await,
                     Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
                     Err(_) => Err("TLS handshake timed out".to_string()),
                 },
@@ -215,10 +217,10 @@ where
         });
     }
 
-    /// `watcher` is taken when the connection is accepted, so that a shutdown waits for a
+    /// `watch` is taken when the connection is accepted, so that a shutdown waits for a
     /// connection still in its handshake or first bytes; once hyper has it, a shutdown lets
     /// the request in progress, or the first one, finish.
-    async fn serve<I>(self, io: I, deadline: Instant, watcher: Watcher) -> Result<(), String>
+    async fn serve<I>(self, io: I, deadline: Instant, watch: Watch) -> Result<(), String>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -233,16 +235,13 @@ where
         };
         let service = TowerToHyperService::new(self.service.clone());
         let connection = builder.serve_connection(TokioIo::new(io), service);
-        watcher
-            .watch(connection.into_owned())
-            .await
-            .map_err(|e| e.to_string())
+        watch.drive(connection).await.map_err(|e| e.to_string())
     }
 
     /// Closes the listener, first serving the connections the kernel has already completed:
     /// their clients believe they are connected and have sent a request, which closing the
     /// listener would reset instead of refusing.
-    fn accept_backlog(&self, listener: TcpListener, graceful: &GracefulShutdown) {
+    fn accept_backlog(&self, listener: TcpListener, drain: &Drain) {
         // The std listener accepts with a plain syscall, so it finds every queued connection,
         // including those the reactor has not reported yet.
         let listener = match listener.into_std() {
@@ -259,7 +258,7 @@ where
                         .set_nonblocking(true)
                         .and_then(|()| TcpStream::from_std(stream));
                     match stream {
-                        Ok(s) => self.spawn(s, peer, graceful.watcher()),
+                        Ok(s) => self.spawn(s, peer, drain.watch()),
                         Err(e) => {
                             tracing::debug!(%peer, error = %e, "cannot serve a queued connection")
                         }
@@ -392,5 +391,78 @@ mod tests {
         let r = svc.ready().await.unwrap().call(req("/fine")).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// Reads until the peer closes (bounded), returning what arrived.
+    async fn read_to_close(s: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+            .await
+            .expect("the server closed the connection")
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_serves_a_new_connection_and_closes_idle_ones() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = tower::service_fn(|_: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(full("ok")))
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            service,
+            async {
+                let _ = stopped.await;
+            },
+            ServeOptions::plain(Duration::from_secs(10)),
+        ));
+        // A keep-alive connection, idle after one request; and one that has sent nothing yet.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(REQUEST).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let mut got = String::new();
+        while !got.ends_with("ok") {
+            let n = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed early: {got}");
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let mut fresh = TcpStream::connect(addr).await.unwrap();
+
+        stop.send(()).unwrap();
+        // Wait (bounded) until the listener is closed.
+        let mut refused = false;
+        for _ in 0..500 {
+            match TcpStream::connect(addr).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused = true;
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        assert!(refused, "the listener stayed open");
+        assert_eq!(
+            read_to_close(&mut idle).await,
+            "",
+            "the idle one just closes"
+        );
+        // The new connection's first request was on its way: it is served, then closed.
+        fresh.write_all(REQUEST).await.unwrap();
+        let reply = read_to_close(&mut fresh).await;
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(reply.ends_with("\r\n\r\nok"), "{reply}");
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the drain ended")
+            .unwrap();
     }
 }

@@ -1,0 +1,66 @@
+//! Graceful shutdown of connections: each is told to finish, and the server waits for all.
+//!
+//! hyper-util's `GracefulShutdown` does the same, with one difference that loses requests:
+//! it passes the shutdown on before the connection's first poll, and hyper closes, as idle, a
+//! connection it has read nothing from. A connection accepted just before or during the
+//! shutdown (from the listener's queue) has its first bytes read already (`conn::sniff`),
+//! with a request behind them; here hyper reads them before it hears of the shutdown, so it
+//! serves that request and then closes.
+
+use std::future::poll_fn;
+use std::task::Poll;
+
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::sync::watch;
+
+/// The server's side: starts the shutdown and waits for the connections.
+pub struct Drain {
+    tx: watch::Sender<()>,
+}
+
+/// One connection's side, taken when it is accepted: the drain waits until it is dropped.
+pub struct Watch {
+    rx: watch::Receiver<()>,
+}
+
+impl Drain {
+    pub fn new() -> Self {
+        Drain {
+            tx: watch::channel(()).0,
+        }
+    }
+
+    pub fn watch(&self) -> Watch {
+        Watch {
+            rx: self.tx.subscribe(),
+        }
+    }
+
+    /// Tells every connection to finish, then waits until all have ended.
+    pub async fn shutdown(self) {
+        // Fails only when no connection is open, and then there is no one to tell.
+        let _ = self.tx.send(());
+        self.tx.closed().await;
+    }
+}
+
+impl Watch {
+    /// Runs `conn` to its end. On shutdown, HTTP/1 finishes the request in progress (or the
+    /// first one, on a new connection) and closes, an idle keep-alive connection closes at
+    /// once, and h2 sends GOAWAY and finishes its open streams.
+    pub async fn drive<C: GracefulConnection>(self, conn: C) -> C::Output {
+        let Watch { mut rx } = self;
+        let mut conn = std::pin::pin!(conn);
+        if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(conn.as_mut().poll(cx))).await {
+            return done;
+        }
+        tokio::select! {
+            done = conn.as_mut() => return done,
+            // An error means the server is gone without a word: shut down all the same.
+            _ = rx.changed() => {}
+        }
+        conn.as_mut().graceful_shutdown();
+        // `rx` lives until here, so the drain waits for this connection.
+        conn.await
+    }
+}
