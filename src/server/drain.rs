@@ -9,24 +9,32 @@
 
 use std::future::poll_fn;
 use std::task::Poll;
+use std::time::Duration;
 
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::watch;
 
+/// How long a connection that has sent nothing yet may stay once a shutdown has begun: long
+/// enough for a request its client is already sending, short enough that a silent peer (a
+/// TCP health check, a client's spare pooled connection) does not hold the shutdown for the
+/// whole header-read timeout.
+pub const SILENT_GRACE: Duration = Duration::from_secs(1);
+
 /// The server's side: starts the shutdown and waits for the connections.
 pub struct Drain {
-    tx: watch::Sender<()>,
+    /// `true` once the shutdown has begun.
+    tx: watch::Sender<bool>,
 }
 
 /// One connection's side, taken when it is accepted: the drain waits until it is dropped.
 pub struct Watch {
-    rx: watch::Receiver<()>,
+    rx: watch::Receiver<bool>,
 }
 
 impl Drain {
     pub fn new() -> Self {
         Drain {
-            tx: watch::channel(()).0,
+            tx: watch::channel(false).0,
         }
     }
 
@@ -38,13 +46,22 @@ impl Drain {
 
     /// Tells every connection to finish, then waits until all have ended.
     pub async fn shutdown(self) {
-        // Fails only when no connection is open, and then there is no one to tell.
-        let _ = self.tx.send(());
+        // Connections accepted later (from the listener's queue) see the flag as it is.
+        self.tx.send_replace(true);
         self.tx.closed().await;
     }
 }
 
 impl Watch {
+    /// Completes `grace` after the shutdown begins (at once if it has): the moment to give
+    /// up on a connection that has still sent nothing.
+    pub async fn silent_for(&self, grace: Duration) {
+        let mut rx = self.rx.clone();
+        // An error means the server is gone: that is a shutdown too.
+        let _ = rx.wait_for(|stopping| *stopping).await;
+        tokio::time::sleep(grace).await;
+    }
+
     /// Runs `conn` to its end. On shutdown, HTTP/1 finishes the request in progress (or the
     /// first one, on a new connection) and closes, an idle keep-alive connection closes at
     /// once, and h2 sends GOAWAY and finishes its open streams.
@@ -57,7 +74,7 @@ impl Watch {
         tokio::select! {
             done = conn.as_mut() => return done,
             // An error means the server is gone without a word: shut down all the same.
-            _ = rx.changed() => {}
+            _ = rx.wait_for(|stopping| *stopping) => {}
         }
         conn.as_mut().graceful_shutdown();
         // `rx` lives until here, so the drain waits for this connection.

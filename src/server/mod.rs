@@ -154,6 +154,8 @@ struct Connections<S> {
     h2: auto::Builder<TokioExecutor>,
     tls: Option<Arc<ReloadableTls>>,
     header_read_timeout: Duration,
+    /// How long a connection that has sent nothing may stay once a shutdown has begun.
+    silent_grace: Duration,
 }
 
 impl<S: Clone> Connections<S> {
@@ -180,6 +182,7 @@ impl<S: Clone> Connections<S> {
             h2: builder.http2_only(),
             tls: options.tls.clone(),
             header_read_timeout: options.header_read_timeout,
+            silent_grace: drain::SILENT_GRACE.min(options.header_read_timeout),
         }
     }
 }
@@ -205,11 +208,21 @@ where
             let deadline = Instant::now() + this.header_read_timeout;
             let result = match this.tls.as_ref().map(|t| t.acceptor()) {
                 None => this.serve(stream, deadline, watch).await,
-                Some(acceptor) => match timeout_at(deadline, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => this.serve(stream, deadline, watch).await,
-                    Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
-                    Err(_) => Err("TLS handshake timed out".to_string()),
-                },
+                Some(acceptor) => {
+                    let grace = this.silent_grace;
+                    let handshake = tokio::select! {
+                        r = timeout_at(deadline, acceptor.accept(stream)) => r,
+                        () = watch.silent_for(grace) => {
+                            tracing::debug!(%peer, "no TLS handshake before the shutdown; closed");
+                            return;
+                        }
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => this.serve(stream, deadline, watch).await,
+                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
+                        Err(_) => Err("TLS handshake timed out".to_string()),
+                    }
+                }
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -224,7 +237,15 @@ where
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (proto, io) = match timeout_at(deadline, conn::sniff(io)).await {
+        let sniffed = tokio::select! {
+            r = timeout_at(deadline, conn::sniff(io)) => r,
+            // It holds no request: closing it loses nothing, and waiting for the header-read
+            // timeout would hold up the shutdown.
+            () = watch.silent_for(self.silent_grace) => {
+                return Err("no request before the shutdown".to_string());
+            }
+        };
+        let (proto, io) = match sniffed {
             Ok(Ok(sniffed)) => sniffed,
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("no request within the header-read timeout".to_string()),
@@ -464,5 +485,38 @@ mod tests {
             .await
             .expect("the drain ended")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_does_not_hold_up_a_shutdown() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = tower::service_fn(|_: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(full("ok")))
+        });
+        // Timeouts far beyond the test's bound: only the shutdown's grace can end it.
+        let mut options = ServeOptions::plain(Duration::from_secs(600));
+        options.header_read_timeout = Duration::from_secs(600);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            service,
+            async {
+                let _ = stopped.await;
+            },
+            options,
+        ));
+        // A health checker's connection, or a client's spare pooled one: it never sends.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), server)
+            .await
+            .expect("the drain ended without waiting for the header-read timeout")
+            .unwrap();
+        assert_eq!(
+            read_to_close(&mut silent).await,
+            "",
+            "closed without a word"
+        );
     }
 }
