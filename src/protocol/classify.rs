@@ -1,10 +1,11 @@
 //! The classification extension: an output replaced by its top-k classes per batch row, as
 //! BYTES strings `<value>:<index>[:<label>]`, with Triton's semantics and formatting.
 //!
-//! Selection is a single pass over the values with a bounded binary heap of the k best
-//! (O(n log k) whatever the input's order, and one comparison per element for the values
-//! that cannot enter), or `select_nth_unstable` (O(n)) when k is large. Ties go to the lower
-//! index, so results are deterministic (Triton leaves their order unspecified).
+//! Selection is one pass over the values with a buffer of candidates cut back to the k best
+//! by `select_nth_unstable` whenever it fills (O(n) whatever the input's order, and one
+//! comparison per element for the values that cannot enter); only the k chosen are sorted.
+//! Ties go to the lower index, so results are deterministic (Triton leaves their order
+//! unspecified).
 
 use std::cmp::Ordering;
 
@@ -24,9 +25,6 @@ pub fn parse_labels(text: &str) -> Vec<String> {
         .map(|l| l.trim_end_matches('\r').to_string())
         .collect()
 }
-
-/// Above this k, one `select_nth_unstable` over all values beats a heap of k.
-const HEAP_LIMIT: usize = 256;
 
 pub fn supported(dt: DataType) -> bool {
     !matches!(dt, DataType::Bool | DataType::Bytes)
@@ -62,60 +60,46 @@ pub fn top_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<usize> {
     if k == 0 {
         return Vec::new();
     }
-    let mut best = if k > HEAP_LIMIT {
-        select_k(values, k)
-    } else {
-        heap_k(values, k)
-    };
+    let mut best = best_k(values, k);
     best.sort_unstable_by(better);
     best.into_iter().map(|(_, i)| i).collect()
 }
 
-/// The k best as (value, index), in no particular order, by a selection over all of them.
-fn select_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<(T, usize)> {
-    let mut all: Vec<(T, usize)> = values.iter().copied().zip(0..).collect();
-    all.select_nth_unstable_by(k - 1, better);
-    all.truncate(k);
-    all
-}
+/// Least spare room in the candidate buffer of `best_k` beyond the k kept: each selection
+/// over the buffer then frees at least this many places.
+const SPARE: usize = 8192;
 
-/// The k best as (value, index), in heap order, with a bounded heap whose root is the worst
-/// one kept. Values are met in index order, so a later value only enters by being strictly
-/// better than the root: an equal one has the higher index and loses the tie.
-fn heap_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<(T, usize)> {
-    let mut heap: Vec<(T, usize)> = values[..k].iter().copied().zip(0..).collect();
-    for i in (0..k / 2).rev() {
-        sift_down(&mut heap, i);
-    }
-    let mut worst = heap[0].0;
+/// The k best as (value, index), in no particular order, in O(n) whatever the order of the
+/// values. Values that beat the bar (the worst of the k best so far) are collected; when the
+/// buffer is full, a selection keeps its k best, and their worst becomes the new bar. The
+/// spare room is at least 4k, so a selection's cost, linear in the buffer, is at most 1.25
+/// times the places it frees: even ascending input, where every value beats the bar, costs
+/// O(n) in all. A value that cannot enter costs one comparison. Values are met in index order, so a value equal to the bar has the higher
+/// index and loses the tie: only a strictly better one enters.
+fn best_k<T: PartialOrd + Copy>(values: &[T], k: usize) -> Vec<(T, usize)> {
+    let capacity = k + (4 * k).max(SPARE);
+    let mut buf: Vec<(T, usize)> = Vec::with_capacity(capacity.min(values.len()));
+    buf.extend(values[..k].iter().copied().zip(0..));
+    let mut bar = buf.iter().copied().max_by(better).expect("k > 0").0;
     for (i, &v) in values.iter().enumerate().skip(k) {
-        // The common case, a value that cannot enter, costs one comparison.
-        if v > worst || (is_nan(&worst) && !is_nan(&v)) {
-            heap[0] = (v, i);
-            sift_down(&mut heap, 0);
-            worst = heap[0].0;
+        if v > bar || (is_nan(&bar) && !is_nan(&v)) {
+            buf.push((v, i));
+            if buf.len() == capacity {
+                bar = keep_best(&mut buf, k);
+            }
         }
     }
-    heap
+    keep_best(&mut buf, k);
+    buf
 }
 
-/// Restores the heap property below `i`: no child ranks after (is worse than) its parent.
-fn sift_down<T: PartialOrd + Copy>(heap: &mut [(T, usize)], mut i: usize) {
-    loop {
-        let (l, r) = (2 * i + 1, 2 * i + 2);
-        let mut worst = i;
-        if l < heap.len() && better(&heap[l], &heap[worst]) == Ordering::Greater {
-            worst = l;
-        }
-        if r < heap.len() && better(&heap[r], &heap[worst]) == Ordering::Greater {
-            worst = r;
-        }
-        if worst == i {
-            return;
-        }
-        heap.swap(i, worst);
-        i = worst;
+/// Cuts `buf` to its k best and returns the worst of them.
+fn keep_best<T: PartialOrd + Copy>(buf: &mut Vec<(T, usize)>, k: usize) -> T {
+    if buf.len() > k {
+        buf.select_nth_unstable_by(k - 1, better);
+        buf.truncate(k);
     }
+    buf.iter().copied().max_by(better).expect("k > 0").0
 }
 
 /// Formats a float as C++ `std::to_string` does (`%f`: six decimals).
