@@ -14,7 +14,6 @@ use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 
 /// The JSON bodies of the infer requests the backend received.
@@ -121,23 +120,9 @@ async fn answer(
 
 /// Starts the scripted server on 127.0.0.1, listing `extensions`.
 async fn start_backend(extensions: &[&str]) -> (SocketAddr, Log) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let log: Log = Arc::default();
-    let shared = log.clone();
-    let extensions = json!(extensions);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (log, extensions) = (shared.clone(), extensions.clone());
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |r| answer(r, extensions.clone(), log.clone()));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let (shared, extensions) = (log.clone(), json!(extensions));
+    let addr = serve_fn(move |r| answer(r, extensions.clone(), shared.clone())).await;
     (addr, log)
 }
 

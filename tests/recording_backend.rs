@@ -2,6 +2,8 @@
 //! what only the backend's side of the wire shows: the trace context the gateway sends, and
 //! how it treats a model that lists no versions (as MLServer and KServe models often do).
 
+mod common;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tensorgate::config::Config;
 
@@ -58,24 +59,9 @@ async fn answer(req: Request<Incoming>, log: Log) -> Result<Response<Full<Bytes>
 }
 
 async fn start_backend() -> (SocketAddr, Log) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let log: Log = Arc::default();
     let shared = log.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let log = shared.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |r| answer(r, log.clone()));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let addr = common::serve_fn(move |r| answer(r, shared.clone())).await;
     (addr, log)
 }
 

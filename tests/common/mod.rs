@@ -540,3 +540,33 @@ pub fn gunzip(data: &[u8]) -> Vec<u8> {
         .expect("valid gzip");
     out
 }
+
+/// Serves `handler` on 127.0.0.1 (HTTP/1.1 and h2), a stand-in for a v2 backend whose
+/// every answer a test scripts; returns its address.
+pub async fn serve_fn<F, Fut>(handler: F) -> SocketAddr
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<
+            Output = Result<hyper::Response<http_body_util::Full<Bytes>>, std::convert::Infallible>,
+        > + Send
+        + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper::service::service_fn(handler),
+                )
+                .await;
+            });
+        }
+    });
+    addr
+}
