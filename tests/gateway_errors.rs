@@ -294,47 +294,77 @@ async fn content_encodings() {
             "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
         );
 
-        // A gzip body is accepted; without Accept-Encoding the answer is plain.
-        let req = env
-            .client
-            .post(env.url("/v2/models/simple/infer"))
-            .header("Content-Encoding", "gzip")
-            .header("Content-Type", "application/json")
-            .body(gzip(&json));
-        let r = env.send(req).await;
-        assert_eq!(r.header("content-encoding"), None);
-        let sum: Vec<i32> = a.iter().map(|v| v * 2).collect();
-        assert_eq!(int32s(output(&r.decode(), "OUTPUT0")), sum);
-
-        // With Accept-Encoding: gzip the response is compressed; a binary one keeps its IHCL,
-        // which counts bytes of the decompressed body.
-        for binary in [false, true] {
-            let mut req_json = simple_request(&a, &a);
-            if binary {
-                req_json["parameters"] = json!({ "binary_data_output": true });
-            }
-            let req = env
-                .client
-                .post(env.url("/v2/models/simple/infer"))
-                .header("Content-Encoding", "gzip")
-                .header("Accept-Encoding", "gzip")
-                .header("Content-Type", "application/json")
-                .body(gzip(&serde_json::to_vec(&req_json).unwrap()));
-            let mut r = env.send(req).await;
-            assert_eq!(r.status, 200);
-            assert_eq!(r.header("content-encoding"), Some("gzip"));
-            r.body = gunzip(&r.body).into();
-            if binary {
-                r.assert_binary_response();
-            } else {
-                r.assert_json_response();
-            }
-            let resp = r.decode();
-            assert_eq!(int32s(output(&resp, "OUTPUT0")), sum);
-            assert_eq!(int32s(output(&resp, "OUTPUT1")), vec![0; 16]);
+        type Codec = (fn(&[u8]) -> Vec<u8>, fn(&[u8]) -> Vec<u8>);
+        let codings: [(&str, Codec, &str); 2] = [
+            ("gzip", (gzip, gunzip), "Invalid gzip header"),
+            ("deflate", (deflate, inflate), "deflate decompression error"),
+        ];
+        for (coding, codec, corrupt) in codings {
+            check_coding(&env, topology, coding, codec, corrupt).await;
         }
         env.shutdown().await;
     }
+}
+
+/// A request body in HTTP content coding `coding` is accepted (a plain answer without
+/// Accept-Encoding); with Accept-Encoding the response, JSON or binary, comes back in that
+/// coding, a binary one with its IHCL counting bytes of the decompressed body; and a body
+/// that is not in that coding is the client's error.
+async fn check_coding(
+    env: &Env,
+    topology: Topology,
+    coding: &str,
+    (compress, decompress): (fn(&[u8]) -> Vec<u8>, fn(&[u8]) -> Vec<u8>),
+    corrupt: &str,
+) {
+    let a: Vec<i32> = (0..16).collect();
+    let sum: Vec<i32> = a.iter().map(|v| v * 2).collect();
+    let json = serde_json::to_vec(&simple_request(&a, &a)).unwrap();
+    let infer = || {
+        env.client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Content-Encoding", coding)
+            .header("Content-Type", "application/json")
+    };
+    let r = env.send(infer().body(compress(&json))).await;
+    assert_eq!(
+        r.status,
+        200,
+        "{topology:?} {coding}: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.header("content-encoding"), None);
+    assert_eq!(int32s(output(&r.decode(), "OUTPUT0")), sum);
+
+    for binary in [false, true] {
+        let mut req_json = simple_request(&a, &a);
+        if binary {
+            req_json["parameters"] = json!({ "binary_data_output": true });
+        }
+        let req = infer()
+            .header("Accept-Encoding", coding)
+            .body(compress(&serde_json::to_vec(&req_json).unwrap()));
+        let mut r = env.send(req).await;
+        assert_eq!(r.status, 200, "{topology:?} {coding} binary={binary}");
+        assert_eq!(r.header("content-encoding"), Some(coding));
+        assert_eq!(
+            r.header("x-tensorgate-backend"),
+            Some(topology.backend_name())
+        );
+        r.body = decompress(&r.body).into();
+        if binary {
+            r.assert_binary_response();
+        } else {
+            r.assert_json_response();
+        }
+        let resp = r.decode();
+        assert_eq!(int32s(output(&resp, "OUTPUT0")), sum);
+        assert_eq!(int32s(output(&resp, "OUTPUT1")), vec![0; 16]);
+    }
+
+    env.send(infer().body(json.clone()))
+        .await
+        .assert_error(400, &format!("cannot read the request body: {corrupt}"));
 }
 
 #[tokio::test]
@@ -530,78 +560,6 @@ fn inflate(data: &[u8]) -> Vec<u8> {
         .read_to_end(&mut out)
         .expect("valid deflate (zlib) data");
     out
-}
-
-#[tokio::test]
-async fn deflate_request_and_response_bodies() {
-    for topology in Topology::ALL {
-        let env = start(topology).await;
-        let a: Vec<i32> = (0..16).collect();
-        let sum: Vec<i32> = a.iter().map(|v| v * 2).collect();
-        let json = serde_json::to_vec(&simple_request(&a, &a)).unwrap();
-
-        // A deflate body is accepted; without Accept-Encoding the answer is plain.
-        let req = env
-            .client
-            .post(env.url("/v2/models/simple/infer"))
-            .header("Content-Encoding", "deflate")
-            .header("Content-Type", "application/json")
-            .body(deflate(&json));
-        let r = env.send(req).await;
-        assert_eq!(
-            r.status,
-            200,
-            "{topology:?}: {}",
-            String::from_utf8_lossy(&r.body)
-        );
-        assert_eq!(r.header("content-encoding"), None);
-        assert_eq!(int32s(output(&r.decode(), "OUTPUT0")), sum);
-
-        // Accept-Encoding: deflate compresses the response, JSON or binary; a binary one
-        // keeps its IHCL, which counts bytes of the decompressed body.
-        for binary in [false, true] {
-            let mut req_json = simple_request(&a, &a);
-            if binary {
-                req_json["parameters"] = json!({ "binary_data_output": true });
-            }
-            let req = env
-                .client
-                .post(env.url("/v2/models/simple/infer"))
-                .header("Content-Encoding", "deflate")
-                .header("Accept-Encoding", "deflate")
-                .header("Content-Type", "application/json")
-                .body(deflate(&serde_json::to_vec(&req_json).unwrap()));
-            let mut r = env.send(req).await;
-            assert_eq!(r.status, 200, "{topology:?} binary={binary}");
-            assert_eq!(r.header("content-encoding"), Some("deflate"));
-            assert_eq!(
-                r.header("x-tensorgate-backend"),
-                Some(topology.backend_name())
-            );
-            r.body = inflate(&r.body).into();
-            if binary {
-                r.assert_binary_response();
-            } else {
-                r.assert_json_response();
-            }
-            let resp = r.decode();
-            assert_eq!(int32s(output(&resp, "OUTPUT0")), sum);
-            assert_eq!(int32s(output(&resp, "OUTPUT1")), vec![0; 16]);
-        }
-
-        // A body that is not deflate data is the client's error.
-        let req = env
-            .client
-            .post(env.url("/v2/models/simple/infer"))
-            .header("Content-Encoding", "deflate")
-            .header("Content-Type", "application/json")
-            .body(json.clone());
-        env.send(req).await.assert_error(
-            400,
-            "cannot read the request body: deflate decompression error",
-        );
-        env.shutdown().await;
-    }
 }
 
 #[tokio::test]
