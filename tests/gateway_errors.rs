@@ -294,7 +294,6 @@ async fn content_encodings() {
             "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
         );
 
-        type Codec = (fn(&[u8]) -> Vec<u8>, fn(&[u8]) -> Vec<u8>);
         let codings: [(&str, Codec, &str); 2] = [
             ("gzip", (gzip, gunzip), "Invalid gzip header"),
             ("deflate", (deflate, inflate), "deflate decompression error"),
@@ -306,6 +305,9 @@ async fn content_encodings() {
     }
 }
 
+/// Compresses and decompresses in one HTTP content coding.
+type Codec = (fn(&[u8]) -> Vec<u8>, fn(&[u8]) -> Vec<u8>);
+
 /// A request body in HTTP content coding `coding` is accepted (a plain answer without
 /// Accept-Encoding); with Accept-Encoding the response, JSON or binary, comes back in that
 /// coding, a binary one with its IHCL counting bytes of the decompressed body; and a body
@@ -314,7 +316,7 @@ async fn check_coding(
     env: &Env,
     topology: Topology,
     coding: &str,
-    (compress, decompress): (fn(&[u8]) -> Vec<u8>, fn(&[u8]) -> Vec<u8>),
+    (compress, decompress): Codec,
     corrupt: &str,
 ) {
     let a: Vec<i32> = (0..16).collect();
