@@ -104,6 +104,32 @@ async fn live_sequences_survive_a_join_across_three_replicas() {
         .count();
     assert!(on_new > 0, "no new sequence reached the added worker");
 
+    // A sequence no backend knows, whose hash moved: the new owner and then the past one
+    // refuse it, and the answer is the new owner's refusal, with no pin left behind.
+    let catalog = gateways[0].gateway.fleet.catalog();
+    let entry = catalog.get("accumulate").unwrap();
+    let past = &entry.history[0];
+    let unknown = (5000..10_000u64)
+        .find(|id| {
+            let key = sequence_key("accumulate", &SequenceId::Uint(*id));
+            past.members[past.table.lookup(key).unwrap()]
+                != entry.ready[entry.table.lookup(key).unwrap()].key
+        })
+        .expect("some key moved");
+    let r = accumulate(&http_client(), &bases[0], unknown, false, false, 1).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(
+        r.error(),
+        Some(format!("inference request for sequence {unknown} to model 'accumulate' must specify the START flag on the first request of the sequence").as_str())
+    );
+    assert_eq!(r.backend, Some(hash_owner(&gateways[0], unknown)));
+    assert!(gateways[0]
+        .gateway
+        .router
+        .pins
+        .get("accumulate", &SequenceId::Uint(unknown))
+        .is_none());
+
     for gw in gateways {
         gw.shutdown().await;
     }

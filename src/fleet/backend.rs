@@ -64,6 +64,9 @@ pub enum BackendError {
     Status { status: StatusCode, message: String },
     /// The backend refused the request itself (in-process models): a client error.
     Rejected(String),
+    /// An in-process model answered with an output its own shape contradicts: the server's
+    /// bug, a 500, and no reason to eject the backend.
+    Broken(String),
 }
 
 pub struct InferCall<'a> {

@@ -8,7 +8,7 @@ use super::backend::{
 };
 use crate::models::{Model, ModelError};
 use crate::protocol::metadata::extensions;
-use crate::protocol::{InferResponse, Parameters, ServerMetadata};
+use crate::protocol::{InferResponse, Parameters, Role, ServerMetadata};
 
 pub struct BuiltinBackend {
     models: BTreeMap<String, Arc<dyn Model>>,
@@ -72,6 +72,17 @@ impl Backend for BuiltinBackend {
             let outputs = model.infer(&req).map_err(|e| match e {
                 ModelError::Invalid(m) => BackendError::Rejected(m),
             })?;
+            // The one place tensors enter the gateway without having been decoded: checked
+            // here, once, so that encoding and classification can rely on them.
+            for t in &outputs {
+                t.check_consistent().map_err(|e| {
+                    BackendError::Broken(format!(
+                        "model '{}': {}",
+                        call.model,
+                        e.in_tensor(Role::Output, &t.name)
+                    ))
+                })?;
+            }
             Ok(Reply::Decoded(InferResponse {
                 id: req.id.clone(),
                 model_name: call.model.to_string(),
@@ -80,5 +91,59 @@ impl Backend for BuiltinBackend {
                 outputs,
             }))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor};
+
+    /// A model with a bug: its FP32 [2] output carries one element's bytes.
+    struct Broken(ModelMetadata);
+
+    impl Model for Broken {
+        fn metadata(&self) -> &ModelMetadata {
+            &self.0
+        }
+        fn infer(&self, _: &InferRequest) -> Result<Vec<Tensor>, ModelError> {
+            Ok(vec![Tensor {
+                name: "OUT".into(),
+                datatype: DataType::Fp32,
+                shape: vec![2],
+                parameters: Parameters::new(),
+                data: Bytes::from_static(&[0; 4]),
+            }])
+        }
+    }
+
+    #[tokio::test]
+    async fn an_output_that_contradicts_its_shape_is_the_servers_fault() {
+        let metadata = crate::models::metadata("broken", vec![], vec![]);
+        let backend = BuiltinBackend::new(BTreeMap::from([(
+            "broken".to_string(),
+            Arc::new(Broken(metadata)) as Arc<dyn Model>,
+        )]));
+        let call = InferCall {
+            model: "broken",
+            version: None,
+            payload: Payload::Decoded(InferRequest {
+                id: None,
+                parameters: Parameters::new(),
+                options: Default::default(),
+                inputs: vec![],
+                outputs: None,
+            }),
+            headers: Default::default(),
+        };
+        match backend.infer(call).await {
+            Err(BackendError::Broken(m)) => assert_eq!(
+                m,
+                "model 'broken': output 'OUT': inconsistent tensor: shape [2] of FP32 needs 8 bytes, data has 4"
+            ),
+            other => panic!("expected Broken, got {:?}", other.map(|_| ())),
+        }
     }
 }

@@ -271,7 +271,7 @@ impl Attempt<'_> {
             obs.retried_from = Some(route.backend.name.clone());
             match self.on(past_owner, labels, obs).await {
                 Ok(response) => {
-                    router.repin(self.model, &self.req.options, past_owner);
+                    router.pin(self.model, &self.req.options, past_owner);
                     return Ok(response);
                 }
                 Err(f) if f.rejected => continue,
@@ -484,6 +484,7 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
             GatewayError::BadGateway(format!("backend '{}': {m}", backend.name))
         }
         BackendError::Rejected(m) => GatewayError::BadRequest(m),
+        BackendError::Broken(m) => GatewayError::Internal(m),
         BackendError::Status { status, message } => GatewayError::Backend { status, message },
     }
 }

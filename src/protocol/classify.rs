@@ -13,7 +13,6 @@ use bytes::Bytes;
 use half::{bf16, f16};
 
 use super::datatype::DataType;
-use super::encode::check_consistent;
 use super::error::{ProtocolError, Result, Role};
 use super::params::Parameters;
 use super::tensor::Tensor;
@@ -158,7 +157,8 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
         .expect("classified types have a fixed size");
     // A decoded body is always consistent; a tensor an in-process model built wrongly may
     // not be, and that is an error rather than a panic or a silently shorter row.
-    check_consistent(t).map_err(|e| e.in_tensor(Role::Output, &t.name))?;
+    t.check_consistent()
+        .map_err(|e| e.in_tensor(Role::Output, &t.name))?;
     let count = t.data.len() / size;
     let (rows, per_row) = if batched && !t.shape.is_empty() {
         // From the shape, not count / rows: an empty batch still has rows of a size. Only an
@@ -176,7 +176,7 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
     macro_rules! run {
         ($read:expr, $fmt:expr) => {{
             let values = decode(&t.data, size, $read);
-            // `check_consistent` made values.len() == count == rows * per_row.
+            // `Tensor::check_consistent` made values.len() == count == rows * per_row.
             for row in values.chunks_exact(per_row.max(1)).take(rows) {
                 row_strings(row, kept, labels, $fmt, &mut out);
             }

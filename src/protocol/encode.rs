@@ -9,7 +9,7 @@ use super::error::{ProtocolError, Result, Role};
 use super::json_write::write_data;
 use super::message::{InferRequest, InferResponse};
 use super::params::Parameters;
-use super::tensor::{check_bytes_framing, format_shape, Tensor};
+use super::tensor::Tensor;
 
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 pub const CONTENT_TYPE_BINARY: &str = "application/octet-stream";
@@ -86,38 +86,6 @@ fn put_parameters(out: &mut Vec<u8>, p: &Parameters, binary_size: Option<usize>)
     out.push(b'}');
 }
 
-/// Checks that a tensor's data holds exactly the elements its shape describes. Decoded
-/// tensors always do; one an in-process model built wrongly may not, and encoding it would
-/// send a body the client cannot read (binary) or silently drop elements (JSON).
-pub(crate) fn check_consistent(t: &Tensor) -> Result<()> {
-    let count = t.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
-    let inconsistent = |m: String| ProtocolError::Inconsistent(format!("inconsistent tensor: {m}"));
-    match t.datatype.fixed_size() {
-        Some(size) => {
-            let need = count.and_then(|n| n.checked_mul(size as u64));
-            if need == Some(t.data.len() as u64) {
-                return Ok(());
-            }
-            Err(inconsistent(format!(
-                "shape {} of {} needs {} bytes, data has {}",
-                format_shape(&t.shape),
-                t.datatype,
-                need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
-                t.data.len()
-            )))
-        }
-        None => {
-            let count = count.ok_or_else(|| {
-                inconsistent(format!(
-                    "shape {} has more elements than fit in 64 bits",
-                    format_shape(&t.shape)
-                ))
-            })?;
-            check_bytes_framing(&t.data, count).map_err(|e| inconsistent(e.message().into()))
-        }
-    }
-}
-
 /// Writes one tensor object. Binary tensors push their buffer onto `chunks`; zero-byte
 /// tensors add no chunk.
 fn put_tensor(
@@ -127,7 +95,6 @@ fn put_tensor(
     binary: bool,
     role: Role,
 ) -> Result<()> {
-    check_consistent(t).map_err(|e| e.in_tensor(role, &t.name))?;
     out.extend_from_slice(b"{\"name\":");
     put_json(out, &t.name);
     out.extend_from_slice(b",\"datatype\":\"");
@@ -298,53 +265,6 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "the response has 2 outputs but 3 output encodings were given"
-        );
-    }
-
-    #[test]
-    fn inconsistent_tensors_are_errors_in_both_encodings() {
-        let cases = [
-            (
-                tensor(DataType::Fp32, vec![2], Bytes::from_static(&[0; 4])),
-                "output 'OUT': inconsistent tensor: shape [2] of FP32 needs 8 bytes, data has 4",
-            ),
-            (
-                tensor(DataType::Int16, vec![1, 1], Bytes::from_static(&[0; 3])),
-                "output 'OUT': inconsistent tensor: shape [1,1] of INT16 needs 2 bytes, data has 3",
-            ),
-            (
-                tensor(DataType::Int8, vec![u64::MAX, 2], Bytes::new()),
-                "output 'OUT': inconsistent tensor: shape [18446744073709551615,2] of INT8 needs more than 2^64 bytes, data has 0",
-            ),
-            (
-                tensor(DataType::Bytes, vec![2], frame_bytes([&b"a"[..]])),
-                "output 'OUT': inconsistent tensor: BYTES data ends after 1 of 2 elements",
-            ),
-            (
-                tensor(DataType::Bytes, vec![u64::MAX, 2], Bytes::new()),
-                "output 'OUT': inconsistent tensor: shape [18446744073709551615,2] has more elements than fit in 64 bits",
-            ),
-        ];
-        for (t, want) in cases {
-            let resp = response(vec![t]);
-            for binary in [true, false] {
-                let e = encode_response(&resp, &[binary]).unwrap_err();
-                assert_eq!(e.to_string(), want, "binary {binary}");
-                // The server built it: the gateway answers 500, not 400.
-                assert!(matches!(e, ProtocolError::Inconsistent(_)), "{e:?}");
-            }
-        }
-        // Requests name the input.
-        let req = InferRequest {
-            id: None,
-            parameters: Parameters::new(),
-            options: Default::default(),
-            inputs: vec![tensor(DataType::Fp64, vec![1], Bytes::from_static(&[0; 4]))],
-            outputs: None,
-        };
-        assert_eq!(
-            encode_request(&req, true).unwrap_err().to_string(),
-            "input 'OUT': inconsistent tensor: shape [1] of FP64 needs 8 bytes, data has 4"
         );
     }
 

@@ -27,6 +27,41 @@ impl Tensor {
         self.shape.iter().product()
     }
 
+    /// Checks that the data holds exactly the elements the shape describes. Decoded tensors
+    /// always do (decoding checks it); one that a built-in model built is checked where it
+    /// leaves the model (`fleet::builtin`), so that nothing downstream, encoding or
+    /// classification, sees a tensor that contradicts its own shape. A failure is
+    /// `ProtocolError::Inconsistent`: the server's fault, a 500.
+    pub fn check_consistent(&self) -> Result<()> {
+        let count = self.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
+        let inconsistent =
+            |m: String| ProtocolError::Inconsistent(format!("inconsistent tensor: {m}"));
+        match self.datatype.fixed_size() {
+            Some(size) => {
+                let need = count.and_then(|n| n.checked_mul(size as u64));
+                if need == Some(self.data.len() as u64) {
+                    return Ok(());
+                }
+                Err(inconsistent(format!(
+                    "shape {} of {} needs {} bytes, data has {}",
+                    format_shape(&self.shape),
+                    self.datatype,
+                    need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+                    self.data.len()
+                )))
+            }
+            None => {
+                let count = count.ok_or_else(|| {
+                    inconsistent(format!(
+                        "shape {} has more elements than fit in 64 bits",
+                        format_shape(&self.shape)
+                    ))
+                })?;
+                check_bytes_framing(&self.data, count).map_err(|e| inconsistent(e.message().into()))
+            }
+        }
+    }
+
     /// Iterates over the elements of a BYTES tensor. Framing was checked when the tensor was
     /// built, so this cannot fail.
     pub fn bytes_elements(&self) -> BytesElements<'_> {
@@ -130,6 +165,50 @@ pub fn frame_bytes<'a>(elements: impl IntoIterator<Item = &'a [u8]>) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensors_that_contradict_their_shape_are_inconsistent() {
+        let tensor = |datatype, shape: Vec<u64>, data: Bytes| Tensor {
+            name: "OUT".into(),
+            datatype,
+            shape,
+            parameters: Parameters::new(),
+            data,
+        };
+        let cases = [
+            (
+                tensor(DataType::Fp32, vec![2], Bytes::from_static(&[0; 4])),
+                "inconsistent tensor: shape [2] of FP32 needs 8 bytes, data has 4",
+            ),
+            (
+                tensor(DataType::Int16, vec![1, 1], Bytes::from_static(&[0; 3])),
+                "inconsistent tensor: shape [1,1] of INT16 needs 2 bytes, data has 3",
+            ),
+            (
+                tensor(DataType::Int8, vec![u64::MAX, 2], Bytes::new()),
+                "inconsistent tensor: shape [18446744073709551615,2] of INT8 needs more than 2^64 bytes, data has 0",
+            ),
+            (
+                tensor(DataType::Bytes, vec![2], frame_bytes([&b"a"[..]])),
+                "inconsistent tensor: BYTES data ends after 1 of 2 elements",
+            ),
+            (
+                tensor(DataType::Bytes, vec![u64::MAX, 2], Bytes::new()),
+                "inconsistent tensor: shape [18446744073709551615,2] has more elements than fit in 64 bits",
+            ),
+        ];
+        for (t, want) in cases {
+            let e = t.check_consistent().unwrap_err();
+            assert_eq!(e.to_string(), want);
+            assert!(matches!(e, ProtocolError::Inconsistent(_)), "{e:?}");
+        }
+        let good = tensor(DataType::Bytes, vec![2], frame_bytes([&b"a"[..], b""]));
+        assert_eq!(good.check_consistent(), Ok(()));
+        assert_eq!(
+            tensor(DataType::Int16, vec![0, 3], Bytes::new()).check_consistent(),
+            Ok(())
+        );
+    }
 
     #[test]
     fn framing_errors_are_precise() {

@@ -188,11 +188,7 @@ impl Router {
         } else {
             past_owners(entry, key, &chosen.key)
         };
-        if opts.sequence_end {
-            self.pins.remove(model, id);
-        } else if !self.pins.insert(model, id, &chosen.key) {
-            tracing::warn!(model, "sequence pin table is full; routing by hash alone");
-        }
+        self.pin(model, opts, &chosen);
         Ok(Route {
             backend: chosen,
             fallbacks,
@@ -206,8 +202,9 @@ impl Router {
         }
     }
 
-    /// Records that a sequence's request was served by `backend` after a fallback.
-    pub fn repin(&self, model: &str, opts: &RequestOptions, backend: &BackendHandle) {
+    /// Pins a sequence's request to `backend` (after the hash chose it, or after a fallback
+    /// found the sequence there); its last request leaves no pin.
+    pub fn pin(&self, model: &str, opts: &RequestOptions, backend: &BackendHandle) {
         let Some(id) = &opts.sequence_id else { return };
         if opts.sequence_end {
             self.pins.remove(model, id);
@@ -377,10 +374,10 @@ mod tests {
     }
 
     #[test]
-    fn repin_and_unpin_follow_the_fallback() {
+    fn pin_and_unpin_follow_the_fallback() {
         let backends = handles(&[("http://a", 1), ("http://b", 1)]);
         let router = Router::new(100, Duration::from_secs(300));
-        router.repin("m", &options(5, false), &backends[1]);
+        router.pin("m", &options(5, false), &backends[1]);
         assert_eq!(
             router.pins.get("m", &SequenceId::Uint(5)).as_deref(),
             Some("http://b")
@@ -389,7 +386,7 @@ mod tests {
         assert_eq!(router.pins.get("m", &SequenceId::Uint(5)), None);
         let mut end = options(6, false);
         end.sequence_end = true;
-        router.repin("m", &end, &backends[0]);
+        router.pin("m", &end, &backends[0]);
         assert_eq!(
             router.pins.get("m", &SequenceId::Uint(6)),
             None,
