@@ -45,6 +45,7 @@ pub struct Metrics {
     pub transcoded_bytes: IntCounterVec,
     pub classifications: IntCounterVec,
     pub config_reloads: IntCounterVec,
+    pub backend_tolerated: IntCounterVec,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
@@ -245,6 +246,12 @@ impl Metrics {
                 "Config reloads, by result",
                 &["result"],
             ),
+            backend_tolerated: counter(
+                &r,
+                "tensorgate_backend_tolerated_total",
+                "Backend answers the gateway read past a deviation from the protocol, by kind (see protocol::tolerance): model metadata per discovery round, inference responses per response",
+                &["backend", "tolerance"],
+            ),
             registry: r,
         }
     }
@@ -259,6 +266,7 @@ impl Metrics {
         forget(&self.retries, &keep);
         forget(&self.backend_healthy, &keep);
         forget(&self.backend_ejected, &keep);
+        forget(&self.backend_tolerated, &keep);
     }
 
     /// The text exposition format.

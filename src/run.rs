@@ -82,8 +82,13 @@ pub async fn start_with_resolver(
         Duration::from_millis(config.fleet.pool_idle_timeout_ms),
         crate::tls::client_config(&config.fleet.tls)?,
     );
-    let fleet = Arc::new(Fleet::new(&config, client, resolver));
     let metrics = Arc::new(Metrics::new(config.server.triton_metrics));
+    let fleet = Arc::new(Fleet::new(
+        &config,
+        client,
+        resolver,
+        metrics.backend_tolerated.clone(),
+    ));
     let gateway = Arc::new(Gateway::new(
         config.clone(),
         fleet.clone(),

@@ -489,7 +489,10 @@ async fn no_reachable_backend() {
     // Alive, but not ready: discovery found no model.
     assert_eq!(env.get("/v2/health/live").await.status, 200);
     let r = env.get("/v2/health/ready").await;
-    r.assert_error(503, "no backend has a ready model");
+    r.assert_error(
+        503,
+        "no backend has a ready model; backend 'backend-0' is unreachable",
+    );
     assert_eq!(r.header("retry-after"), Some("1"));
     // No backend ever reported a model, so the gateway knows none.
     let r = env
@@ -534,9 +537,10 @@ async fn backend_that_dies_after_discovery() {
     // After the second, the backend is unreachable: not ready. Its models stay known with
     // no ready backend, so clients get a retryable 503, not a 404 "unknown model".
     env.gateway.gateway.fleet.refresh().await;
-    env.get("/v2/health/ready")
-        .await
-        .assert_error(503, "no backend has a ready model");
+    env.get("/v2/health/ready").await.assert_error(
+        503,
+        "no backend has a ready model; backend 'backend-0' is unreachable",
+    );
     env.infer_json("simple", &body)
         .await
         .assert_error(503, "no healthy backend serves model 'simple'");

@@ -127,27 +127,29 @@ async fn traceparent_is_passed_on_or_created() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions_a_model_does_not_list_are_forwarded_but_not_labelled() {
+async fn versions_a_model_does_not_list_are_refused_not_forwarded_nor_labelled() {
     let (backend, log) = start_backend().await;
     let gw = start_gateway(backend).await;
     let client = reqwest::Client::new();
     for v in ["7", "x1", "x2"] {
         let url = format!("http://{}/v2/models/m/versions/{v}/infer", gw.addr);
         let r = client.post(&url).body(BODY).send().await.unwrap();
-        let status = r.status();
-        assert_eq!(status, 200, "version {v}: {}", r.text().await.unwrap());
+        assert_eq!(r.status(), 404);
+        let error: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            error["error"],
+            format!("model 'm' lists no versions; address it without '/versions/{v}'")
+        );
     }
-    // The backend decides what a version means: each went there as asked.
-    let paths: Vec<String> = infers(&log).into_iter().map(|s| s.path).collect();
+    // The unversioned path still works, and only it reached the backend.
+    let url = format!("http://{}/v2/models/m/infer", gw.addr);
     assert_eq!(
-        paths,
-        [
-            "/v2/models/m/versions/7/infer",
-            "/v2/models/m/versions/x1/infer",
-            "/v2/models/m/versions/x2/infer"
-        ]
+        client.post(&url).body(BODY).send().await.unwrap().status(),
+        200
     );
-    // A client cannot mint label values: all three count under one series.
+    let paths: Vec<String> = infers(&log).into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/v2/models/m/infer"]);
+    // A client cannot mint label values.
     let metrics = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
         .await
         .unwrap()
@@ -155,7 +157,7 @@ async fn versions_a_model_does_not_list_are_forwarded_but_not_labelled() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("nv_inference_request_success{model=\"m\",version=\"\"} 3"),
+        metrics.contains("nv_inference_request_success{model=\"m\",version=\"\"} 1"),
         "{metrics}"
     );
     for v in ["7", "x1", "x2"] {

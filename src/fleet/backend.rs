@@ -8,7 +8,9 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use hyper::body::Incoming;
 
-use crate::protocol::{EncodedBody, InferRequest, InferResponse, ModelMetadata, ServerMetadata};
+use crate::protocol::{
+    EncodedBody, InferRequest, InferResponse, ModelMetadata, ServerMetadata, Tolerance,
+};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -17,6 +19,16 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct DiscoveredModel {
     pub metadata: ModelMetadata,
     pub ready: bool,
+}
+
+/// The models a backend exposes, and how they were found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelList {
+    pub models: Vec<DiscoveredModel>,
+    /// When `models` is empty: everything that was tried, for the log and for readiness.
+    pub tried: String,
+    /// One entry per metadata answer that needed a tolerance, for the metrics.
+    pub tolerated: Vec<Tolerance>,
 }
 
 /// What a backend is sent for one inference.
@@ -81,12 +93,13 @@ pub trait Backend: Send + Sync {
     /// True for the built-in models, which take `Payload::Decoded`.
     fn in_process(&self) -> bool;
     fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>>;
-    /// The models this backend serves, with metadata and readiness. `hint` lists names to
-    /// probe when the backend cannot list its models itself.
+    /// The models this backend serves, with metadata and readiness. `configured` names the
+    /// models the config lists for this backend, probed only when the backend cannot list
+    /// its models itself.
     fn models<'a>(
         &'a self,
-        hint: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>>;
+        configured: &'a [String],
+    ) -> BoxFuture<'a, Result<ModelList, BackendError>>;
     /// Whether the server answers `GET /v2/health/ready` with 2xx; if not, why.
     fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>>;
     fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>>;

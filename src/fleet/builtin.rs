@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::backend::{
-    Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, Payload, Reply,
+    Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList, Payload, Reply,
 };
 use crate::models::{Model, ModelError};
 use crate::protocol::metadata::extensions;
@@ -40,17 +40,22 @@ impl Backend for BuiltinBackend {
 
     fn models<'a>(
         &'a self,
-        _hint: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>> {
+        _configured: &'a [String],
+    ) -> BoxFuture<'a, Result<ModelList, BackendError>> {
         Box::pin(async move {
-            Ok(self
+            let models = self
                 .models
                 .values()
                 .map(|m| DiscoveredModel {
                     metadata: m.metadata().clone(),
                     ready: true,
                 })
-                .collect())
+                .collect();
+            Ok(ModelList {
+                models,
+                tried: "the built-in backend was configured with no models".into(),
+                tolerated: vec![],
+            })
         })
     }
 

@@ -12,7 +12,8 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
 use super::backend::{
-    error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, Payload, Reply,
+    error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList,
+    Payload, Reply,
 };
 use crate::body::{full, Body, PartsBody};
 use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
@@ -138,42 +139,98 @@ impl HttpBackend {
             .map_err(|e| BackendError::Failed(format!("{path} on {} is not valid: {e}", self.base)))
     }
 
-    /// Names from the repository extension, or `None` when the backend lacks it.
-    async fn repository_index(&self) -> Result<Option<Vec<(String, bool)>>, BackendError> {
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            name: String,
-            #[serde(default)]
-            state: Option<String>,
-        }
+    /// The names a server lists, each with whether any of its entries is ready: first from
+    /// the repository extension (Triton, MLServer, tensorgate), then from `GET /v2/models`
+    /// (KServe). `Err` carries what was tried, for when neither answers.
+    async fn listed_models(&self) -> Result<Result<Listed, String>, BackendError> {
+        let index = "POST /v2/repository/index";
         let (status, body) = self
             .call(Method::POST, "/v2/repository/index", Some("{}"))
             .await?;
-        if !status.is_success() {
-            return Ok(None);
-        }
-        let entries: Vec<Entry> = serde_json::from_slice(&body).map_err(|e| {
-            BackendError::Failed(format!(
-                "/v2/repository/index on {} is not valid: {e}",
-                self.base
-            ))
-        })?;
-        Ok(Some(
-            entries
-                .into_iter()
-                .map(|e| {
-                    let ready = e
-                        .state
-                        .as_deref()
-                        .is_none_or(|s| s.eq_ignore_ascii_case("READY"));
-                    (e.name, ready)
-                })
-                .collect(),
-        ))
+        let index_outcome = if status.is_success() {
+            match serde_json::from_slice::<Vec<IndexEntry>>(&body) {
+                Ok(entries) => return Ok(Ok(Listed::from_index(entries, index))),
+                Err(e) => {
+                    format!("{index} answered {status} with a body that is not an index ({e})")
+                }
+            }
+        } else {
+            format!("{index} answered {status}")
+        };
+        let list = "GET /v2/models";
+        let (status, body) = self.call(Method::GET, "/v2/models", None).await?;
+        let list_outcome = if status.is_success() {
+            match serde_json::from_slice::<ModelNames>(&body) {
+                Ok(names) => return Ok(Ok(Listed::from_names(names.models, list))),
+                Err(e) => {
+                    format!("{list} answered {status} with a body that is not a model list ({e})")
+                }
+            }
+        } else {
+            format!("{list} answered {status}")
+        };
+        Ok(Err(format!("{index_outcome}; {list_outcome}")))
     }
 
     async fn model_ready(&self, name: &str) -> bool {
         matches!(self.call(Method::GET, &format!("/v2/models/{name}/ready"), None).await, Ok((s, _)) if s.is_success())
+    }
+}
+
+/// One entry of `POST /v2/repository/index`. Triton writes one per version, with `state`
+/// and `reason` only where it has them.
+#[derive(serde::Deserialize)]
+struct IndexEntry {
+    name: String,
+    #[serde(default)]
+    state: Option<String>,
+}
+
+/// KServe's `GET /v2/models`: `{"models": ["name", ...]}`.
+#[derive(serde::Deserialize)]
+struct ModelNames {
+    models: Vec<String>,
+}
+
+/// Model names as a server lists them, once each, with whether one of its entries is ready.
+struct Listed {
+    names: Vec<(String, bool)>,
+    /// Where they came from, for the explanation when none of them can be used.
+    source: String,
+}
+
+impl Listed {
+    fn from_index(entries: Vec<IndexEntry>, source: &str) -> Listed {
+        let mut names: Vec<(String, bool)> = Vec::new();
+        for e in entries {
+            // An entry without a state is a model the server has but did not say it loaded;
+            // its readiness probe decides.
+            let ready = e
+                .state
+                .as_deref()
+                .is_none_or(|s| s.eq_ignore_ascii_case("READY"));
+            match names.iter_mut().find(|(n, _)| *n == e.name) {
+                Some((_, r)) => *r |= ready,
+                None => names.push((e.name, ready)),
+            }
+        }
+        Listed {
+            names,
+            source: source.to_string(),
+        }
+    }
+
+    fn from_names(models: Vec<String>, source: &str) -> Listed {
+        let mut names: Vec<(String, bool)> = Vec::new();
+        for m in models {
+            if !names.iter().any(|(n, _)| *n == m) {
+                names.push((m, true));
+            }
+        }
+        Listed {
+            names,
+            source: source.to_string(),
+        }
     }
 }
 
@@ -199,28 +256,54 @@ impl Backend for HttpBackend {
 
     fn models<'a>(
         &'a self,
-        hint: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>> {
+        configured: &'a [String],
+    ) -> BoxFuture<'a, Result<ModelList, BackendError>> {
         Box::pin(async move {
-            let names: Vec<(String, bool)> = match self.repository_index().await? {
-                Some(list) => list,
-                None => hint.iter().map(|n| (n.clone(), true)).collect(),
+            let listed = match self.listed_models().await? {
+                Ok(listed) => listed,
+                Err(tried) if configured.is_empty() => {
+                    return Ok(ModelList {
+                        tried: format!(
+                            "{tried}; and the config names no models for it ([[backends]] models = [...])"
+                        ),
+                        ..ModelList::default()
+                    })
+                }
+                Err(tried) => Listed {
+                    names: configured.iter().map(|n| (n.clone(), true)).collect(),
+                    source: format!("{tried}; so the models the config names for it"),
+                },
             };
-            let mut out = Vec::new();
-            let mut seen = std::collections::HashSet::new();
-            for (name, listed_ready) in names {
-                // The index lists one entry per version; one per name is enough here.
-                if !seen.insert(name.clone()) {
+            let mut out = ModelList::default();
+            let mut refused = Vec::new();
+            for (name, listed_ready) in listed.names {
+                let path = format!("/v2/models/{name}");
+                let (status, body) = self.call(Method::GET, &path, None).await?;
+                if !status.is_success() {
+                    refused.push(format!("GET {path} answered {status}"));
                     continue;
                 }
-                let metadata: ModelMetadata =
-                    match self.get_json(&format!("/v2/models/{name}")).await {
-                        Ok(m) => m,
-                        Err(BackendError::Status { .. }) => continue,
-                        Err(e) => return Err(e),
-                    };
+                // One model's unreadable metadata costs that model, not the backend's others.
+                let (metadata, tolerated) = match ModelMetadata::from_backend(&body) {
+                    Ok(read) => read,
+                    Err(e) => {
+                        tracing::warn!(backend = %self.base, model = %name, error = %e, "model metadata is not valid; the model is not used");
+                        refused.push(format!(
+                            "GET {path} answered metadata that is not valid ({e})"
+                        ));
+                        continue;
+                    }
+                };
+                out.tolerated.extend(tolerated.iter());
                 let ready = listed_ready && self.model_ready(&name).await;
-                out.push(DiscoveredModel { metadata, ready });
+                out.models.push(DiscoveredModel { metadata, ready });
+            }
+            if out.models.is_empty() {
+                out.tried = if refused.is_empty() {
+                    format!("{} lists no models", listed.source)
+                } else {
+                    format!("{} lists models, but {}", listed.source, refused.join(", "))
+                };
             }
             Ok(out)
         })

@@ -60,6 +60,8 @@ pub struct BackendState {
     pub capabilities: Capabilities,
     pub models: HashMap<String, DiscoveredModel>,
     pub last_error: Option<String>,
+    /// Set when the backend answers but exposes no usable model: what discovery tried.
+    pub no_models: Option<String>,
 }
 
 pub struct BackendHandle {
@@ -143,8 +145,8 @@ impl BackendHandle {
 pub struct Fleet {
     backends: ArcSwap<Vec<Arc<BackendHandle>>>,
     catalog: ArcSwap<Catalog>,
-    /// Model names to probe on backends that cannot list their models.
-    hint: ArcSwap<Vec<String>>,
+    /// `tensorgate_backend_tolerated_total`, labels backend and tolerance.
+    tolerated: prometheus::IntCounterVec,
     refreshed_once: AtomicBool,
     client: http::HttpClient,
     resolver: Arc<dyn Resolve>,
@@ -161,11 +163,17 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub fn new(config: &Config, client: http::HttpClient, resolver: Arc<dyn Resolve>) -> Fleet {
+    /// `tolerated` counts what backends' metadata needed forgiving (`protocol::tolerance`).
+    pub fn new(
+        config: &Config,
+        client: http::HttpClient,
+        resolver: Arc<dyn Resolve>,
+        tolerated: prometheus::IntCounterVec,
+    ) -> Fleet {
         Fleet {
             backends: ArcSwap::from_pointee(Vec::new()),
             catalog: ArcSwap::from_pointee(Catalog::default()),
-            hint: ArcSwap::from_pointee(config.models.keys().cloned().collect()),
+            tolerated,
             refreshed_once: AtomicBool::new(false),
             client,
             resolver,
@@ -234,8 +242,6 @@ impl Fleet {
                 }
             }
         }
-        self.hint
-            .store(Arc::new(config.models.keys().cloned().collect()));
         self.hash_table_size
             .store(config.fleet.hash_table_size, Ordering::Relaxed);
         self.history_ms
@@ -295,11 +301,10 @@ impl Fleet {
     /// health check), then rebuilds the catalog.
     pub async fn refresh(&self) {
         let backends = self.backends.load_full();
-        let hint = self.hint.load_full();
         let threshold = self.unhealthy_after_checks;
         let rounds = backends
             .iter()
-            .map(|h| refresh_backend(h, &hint, threshold));
+            .map(|h| refresh_backend(h, threshold, &self.tolerated));
         futures_util::future::join_all(rounds).await;
         let previous = self.catalog.load_full();
         // Building hash tables takes milliseconds; keep it off the async workers.
@@ -326,34 +331,53 @@ impl Fleet {
     }
 }
 
-async fn refresh_backend(h: &BackendHandle, hint: &[String], unhealthy_after_checks: u32) {
+async fn refresh_backend(
+    h: &BackendHandle,
+    unhealthy_after_checks: u32,
+    tolerated: &prometheus::IntCounterVec,
+) {
     let result = async {
         h.backend.ready().await?;
         let server = h.backend.server_metadata().await?;
-        let hint: Vec<String> = if h.only_models.is_empty() {
-            hint.to_vec()
-        } else {
-            h.only_models.clone()
-        };
-        let models = h.backend.models(&hint).await?;
-        Ok::<_, backend::BackendError>((server, models))
+        // Only what the backend lists, or what the config names for this backend, is ever
+        // probed: a model configured for the whole fleet is not asked of every server.
+        let list = h.backend.models(&h.only_models).await?;
+        Ok::<_, backend::BackendError>((server, list))
     }
     .await;
     let state = match result {
-        Ok((server, models)) => {
+        Ok((server, list)) => {
             h.failed_checks.store(0, Ordering::Relaxed);
+            for t in &list.tolerated {
+                tolerated.with_label_values(&[&h.name, t.label()]).inc();
+            }
+            let models: HashMap<String, DiscoveredModel> = list
+                .models
+                .into_iter()
+                .filter(|m| h.only_models.is_empty() || h.only_models.contains(&m.metadata.name))
+                .map(|m| (m.metadata.name.clone(), m))
+                .collect();
+            let no_models = models.is_empty().then(|| {
+                if list.tried.is_empty() {
+                    format!(
+                        "none of the models it lists is among those the config names for it ({})",
+                        h.only_models.join(", ")
+                    )
+                } else {
+                    list.tried
+                }
+            });
+            // Said once when it starts (or its reason changes), not at every refresh.
+            if no_models.is_some() && no_models != h.state.load().no_models {
+                tracing::warn!(backend = %h.name, tried = %no_models.as_deref().unwrap_or_default(), "backend exposes no models");
+            }
             BackendState {
                 reachable: true,
                 capabilities: Capabilities::learn(&server, h.encoding),
                 server: Some(server),
-                models: models
-                    .into_iter()
-                    .filter(|m| {
-                        h.only_models.is_empty() || h.only_models.contains(&m.metadata.name)
-                    })
-                    .map(|m| (m.metadata.name.clone(), m))
-                    .collect(),
+                models,
                 last_error: None,
+                no_models,
             }
         }
         Err(e) => {
@@ -394,6 +418,7 @@ async fn refresh_backend(h: &BackendHandle, hint: &[String], unhealthy_after_che
                     .collect(),
                 capabilities: previous.capabilities,
                 server: previous.server.clone(),
+                no_models: None,
             }
         }
     };
@@ -406,7 +431,7 @@ mod tests {
 
     use ::http::StatusCode;
 
-    use super::backend::{BackendError, BoxFuture, InferCall, Reply};
+    use super::backend::{BackendError, BoxFuture, InferCall, ModelList, Reply};
     use super::*;
     use crate::protocol::ModelMetadata;
 
@@ -428,10 +453,10 @@ mod tests {
         }
         fn models<'a>(
             &'a self,
-            _hint: &'a [String],
-        ) -> BoxFuture<'a, Result<Vec<DiscoveredModel>, BackendError>> {
+            _configured: &'a [String],
+        ) -> BoxFuture<'a, Result<ModelList, BackendError>> {
             Box::pin(async {
-                Ok(vec![DiscoveredModel {
+                let models = vec![DiscoveredModel {
                     metadata: ModelMetadata {
                         name: "m".into(),
                         versions: vec![],
@@ -440,7 +465,11 @@ mod tests {
                         outputs: vec![],
                     },
                     ready: true,
-                }])
+                }];
+                Ok(ModelList {
+                    models,
+                    ..ModelList::default()
+                })
             })
         }
         fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
@@ -472,10 +501,15 @@ mod tests {
     async fn reachability(h: &BackendHandle, checks: usize, threshold: u32) -> Vec<bool> {
         let mut seen = Vec::new();
         for _ in 0..checks {
-            refresh_backend(h, &[], threshold).await;
+            refresh_backend(h, threshold, &counter()).await;
             seen.push(h.state.load().reachable);
         }
         seen
+    }
+
+    fn counter() -> prometheus::IntCounterVec {
+        prometheus::IntCounterVec::new(prometheus::Opts::new("t", "t"), &["backend", "tolerance"])
+            .unwrap()
     }
 
     fn lost() -> Result<(), BackendError> {

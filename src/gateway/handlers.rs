@@ -46,11 +46,26 @@ pub fn ready(gw: &Gateway) -> Result<Response<Body>, GatewayError> {
         ));
     }
     if !gw.fleet.catalog().any_ready() {
-        return Err(GatewayError::Unavailable(
-            "no backend has a ready model".into(),
-        ));
+        return Err(GatewayError::Unavailable(no_ready_model(gw)));
     }
     Ok(status_json(StatusCode::OK, json!({ "ready": true })))
+}
+
+/// Why nothing is ready, with what discovery tried on each backend that exposes no models.
+fn no_ready_model(gw: &Gateway) -> String {
+    let mut why = String::from("no backend has a ready model");
+    for h in gw.fleet.backends().iter() {
+        let state = h.state.load();
+        if let Some(tried) = &state.no_models {
+            why.push_str(&format!(
+                "; backend '{}' exposes no models: {tried}",
+                h.name
+            ));
+        } else if !state.reachable {
+            why.push_str(&format!("; backend '{}' is unreachable", h.name));
+        }
+    }
+    why
 }
 
 /// Finds a model (and version) in the catalog: 404 when unknown.
@@ -68,9 +83,17 @@ pub fn lookup(
         }
         return Err(GatewayError::NotFound(format!("unknown model '{model}'")));
     };
+    // A version in the path must be one the model lists. A model that lists none (KServe's,
+    // MLServer's without a version) is refused any: metadata and readiness could not vouch
+    // for it, and such servers refuse versioned infer paths themselves (KServe with 501).
     if let Some(v) = version {
         let versions = &entry.metadata.versions;
-        if !versions.is_empty() && !versions.iter().any(|x| x == v) {
+        if versions.is_empty() {
+            return Err(GatewayError::NotFound(format!(
+                "model '{model}' lists no versions; address it without '/versions/{v}'"
+            )));
+        }
+        if !versions.iter().any(|x| x == v) {
             return Err(GatewayError::NotFound(format!(
                 "model '{model}' has no version '{v}' (its versions are {})",
                 versions.join(", ")

@@ -23,8 +23,8 @@ use crate::fleet::backend::{error_message, BackendError, InferCall, Payload, Rep
 use crate::fleet::BackendHandle;
 use crate::protocol::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
-    decode_request, decode_response, encode_request, expand_raw, validate_request, InferRequest,
-    Limits, ModelMetadata, RequestBody, HEADER_CONTENT_LENGTH,
+    decode_backend_response, decode_request, encode_request, expand_raw, validate_request,
+    InferRequest, Limits, ModelMetadata, RequestBody, HEADER_CONTENT_LENGTH,
 };
 use crate::routing::Route;
 
@@ -113,11 +113,9 @@ pub async fn infer(
 ) -> Result<Response<Body>, GatewayError> {
     let queued = Phase::start();
     let entry = lookup(gw, model, version)?;
-    // Only versions the model lists become label values: a model that lists none accepts
-    // any version in the path, and those must not make the label values unbounded.
+    // `lookup` let through only a version the model lists.
     let versions = &entry.metadata.versions;
     let label_version = version
-        .filter(|v| versions.iter().any(|x| x == v))
         .or(versions.first().map(String::as_str))
         .unwrap_or_default()
         .to_string();
@@ -401,12 +399,20 @@ impl Attempt<'_> {
                 let hl = headers
                     .get(HEADER_CONTENT_LENGTH)
                     .map(HeaderValue::as_bytes);
-                let resp = decode_response(&bytes, hl, self.limits).map_err(|e| {
-                    GatewayError::BadGateway(format!(
-                        "backend '{}' sent an invalid response: {e}",
-                        backend.name
-                    ))
-                })?;
+                let (resp, tolerated) =
+                    decode_backend_response(&bytes, hl, self.limits).map_err(|e| {
+                        GatewayError::BadGateway(format!(
+                            "backend '{}' sent an invalid response: {e}",
+                            backend.name
+                        ))
+                    })?;
+                for t in tolerated.iter() {
+                    self.gw
+                        .metrics
+                        .backend_tolerated
+                        .with_label_values(&[&backend.name, t.label()])
+                        .inc();
+                }
                 let r = client_response(
                     self.req,
                     resp,

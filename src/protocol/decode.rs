@@ -14,6 +14,7 @@ use super::limits::Limits;
 use super::message::{InferRequest, InferResponse, RequestedOutput};
 use super::params::{OutputOptions, Parameters, RequestOptions};
 use super::tensor::{check_bytes_framing, checked_element_count, format_shape, Tensor};
+use super::tolerance::{Tolerance, Tolerated};
 
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
@@ -300,7 +301,14 @@ pub(crate) fn check_binary(dt: DataType, shape: &[u64], count: u64, data: &[u8])
     }
 }
 
-fn build_tensor(w: WireTensor<'_>, cursor: &mut BinaryCursor, limits: &Limits) -> Result<Tensor> {
+/// `tolerated` is `Some` for a backend's response only: then `null` in a float tensor's data
+/// reads as NaN, and is noted there.
+fn build_tensor(
+    w: WireTensor<'_>,
+    cursor: &mut BinaryCursor,
+    limits: &Limits,
+    tolerated: Option<&mut Tolerated>,
+) -> Result<Tensor> {
     let datatype = DataType::parse(&w.datatype)
         .ok_or_else(|| ProtocolError::invalid(format!("unknown datatype '{}'", w.datatype)))?;
     let shape = parse_shape(&w.shape)?;
@@ -322,7 +330,25 @@ fn build_tensor(w: WireTensor<'_>, cursor: &mut BinaryCursor, limits: &Limits) -
         (Some(data), None) => {
             let (bytes, n) = match data {
                 WireData::Text(text) => {
-                    json_data::parse_data(text, datatype, limits.max_json_depth, count)?
+                    match json_data::parse_data(text, datatype, limits.max_json_depth, count) {
+                        Ok(parsed) => parsed,
+                        // Only a float tensor of a backend's answer, and only after the strict
+                        // read failed, so a well-formed body costs nothing.
+                        Err(e) => match (tolerated, datatype.is_float()) {
+                            (Some(tolerated), true) => {
+                                let quoted = quote_nulls(text).ok_or(e)?;
+                                let parsed = json_data::parse_data(
+                                    &quoted,
+                                    datatype,
+                                    limits.max_json_depth,
+                                    count,
+                                )?;
+                                tolerated.insert(Tolerance::NullFloat);
+                                parsed
+                            }
+                            _ => return Err(e),
+                        },
+                    }
                 }
                 WireData::Parsed(bytes, n) => (bytes, n),
             };
@@ -361,13 +387,16 @@ fn build_tensors(
     binary: Bytes,
     role: Role,
     limits: &Limits,
+    mut tolerated: Option<&mut Tolerated>,
 ) -> Result<Vec<Tensor>> {
     check_unique(wire.iter().map(|t| t.name.as_str()), role)?;
     let mut cursor = BinaryCursor { rest: binary };
     let mut out = Vec::with_capacity(wire.len());
     for w in wire {
         let name = w.name.clone();
-        out.push(build_tensor(w, &mut cursor, limits).map_err(|e| e.in_tensor(role, &name))?);
+        let tensor = build_tensor(w, &mut cursor, limits, tolerated.as_deref_mut())
+            .map_err(|e| e.in_tensor(role, &name))?;
+        out.push(tensor);
     }
     cursor.finish(role)?;
     Ok(out)
@@ -412,7 +441,7 @@ fn request_from_wire(wire: WireRequest<'_>, binary: Bytes, limits: &Limits) -> R
             Some(out)
         }
     };
-    let inputs = build_tensors(wire.inputs, binary, Role::Input, limits)?;
+    let inputs = build_tensors(wire.inputs, binary, Role::Input, limits, None)?;
     Ok(RequestBody::Message(InferRequest {
         id: wire.id,
         parameters: wire.parameters,
@@ -482,6 +511,34 @@ fn quote_non_finite(json: &[u8]) -> Option<Vec<u8>> {
     changed.then_some(out)
 }
 
+/// KServe writes a NaN output element as `null`. This rewrites every `null` of one float
+/// tensor's `data` array (`text` is the array alone) as the string `"NaN"` that `json_data`
+/// reads; `None` when there is none, so the strict error stands.
+fn quote_nulls(text: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() + 16);
+    let mut changed = false;
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                let stop = (string_end(text, i + 1) + 1).min(text.len());
+                out.extend_from_slice(&text[i..stop]);
+                i = stop;
+            }
+            b'n' if text[i..].starts_with(b"null") => {
+                out.extend_from_slice(b"\"NaN\"");
+                i += 4;
+                changed = true;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    changed.then_some(out)
+}
+
 /// The position of the closing quote of the string whose text starts at `from` (or the end
 /// of `json` when it has none).
 fn string_end(json: &[u8], from: usize) -> usize {
@@ -495,19 +552,33 @@ fn string_end(json: &[u8], from: usize) -> usize {
     json.len()
 }
 
-/// Decodes an inference response body, as a backend sends it.
+/// Decodes an inference response body, as a backend sends it (see
+/// `decode_backend_response` for what is forgiven).
 pub fn decode_response(
     body: &Bytes,
     header_length: Option<&[u8]>,
     limits: &Limits,
 ) -> Result<InferResponse> {
+    decode_backend_response(body, header_length, limits).map(|(response, _)| response)
+}
+
+/// Decodes a backend's inference response, forgiving what real servers write that the
+/// protocol does not allow (`tolerance`): bare non-finite literals and `null` in float data.
+/// Returns what it forgave, for the metrics.
+pub fn decode_backend_response(
+    body: &Bytes,
+    header_length: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<(InferResponse, Tolerated)> {
     let (json, binary) = split_body(body, header_length)?;
+    let mut tolerated = Tolerated::default();
     let lenient;
     let wire: WireResponse = match parse_json(&json, "response", limits) {
         Ok(wire) => wire,
         // Only a body that is not JSON is worth a second look, never one that is too large.
         Err(e @ ProtocolError::Invalid(_)) => {
             lenient = quote_non_finite(&json).ok_or(e)?;
+            tolerated.insert(Tolerance::NonFiniteLiteral);
             let grown = Limits {
                 max_json_bytes: limits.max_json_bytes + (lenient.len() - json.len()),
                 ..limits.clone()
@@ -516,14 +587,21 @@ pub fn decode_response(
         }
         Err(e) => return Err(e),
     };
-    let outputs = build_tensors(wire.outputs, binary, Role::Output, limits)?;
-    Ok(InferResponse {
+    let outputs = build_tensors(
+        wire.outputs,
+        binary,
+        Role::Output,
+        limits,
+        Some(&mut tolerated),
+    )?;
+    let response = InferResponse {
         id: wire.id,
         model_name: wire.model_name,
         model_version: wire.model_version,
         parameters: wire.parameters,
         outputs,
-    })
+    };
+    Ok((response, tolerated))
 }
 
 #[cfg(test)]
@@ -756,6 +834,11 @@ mod tests {
                 .chunks(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
                 .collect(),
+            DataType::Bf16 => t
+                .data
+                .chunks(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
             DataType::Fp32 => t
                 .data
                 .chunks(4)
@@ -782,15 +865,7 @@ mod tests {
                     r#"{{"model_name":"m","outputs":[{{"name":"Y","datatype":"{dt}","shape":[4],"data" : {data}}}]}}"#
                 );
                 let r = response(&json, &[]).unwrap_or_else(|e| panic!("{dt} {data}: {e}"));
-                let v = if dt == "BF16" {
-                    r.outputs[0]
-                        .data
-                        .chunks(2)
-                        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-                        .collect()
-                } else {
-                    floats(&r.outputs[0])
-                };
+                let v = floats(&r.outputs[0]);
                 assert!(v[0].is_nan(), "{dt} {data}");
                 assert_eq!(&v[1..3], &[f64::INFINITY, f64::NEG_INFINITY], "{dt} {data}");
                 assert!(v[3] == 1.5 || v[3].is_nan(), "{dt} {data}");
@@ -811,6 +886,58 @@ mod tests {
         let r = response(&json, &[]).unwrap();
         let elems: Vec<&[u8]> = r.outputs[0].bytes_elements().collect();
         assert_eq!(elems, vec![&b"NaN"[..], b"[Infinity"]);
+    }
+
+    fn tolerated(json: &str) -> Result<(InferResponse, Vec<Tolerance>)> {
+        decode_backend_response(&Bytes::from(json.to_string()), None, &Limits::default())
+            .map(|(r, t)| (r, t.iter().collect()))
+    }
+
+    #[test]
+    fn null_in_float_output_data_reads_as_nan() {
+        for dt in ["FP16", "BF16", "FP32", "FP64"] {
+            // As KServe writes a NaN output, flat and nested.
+            for data in ["[null,1.5]", "[[null], [1.5]]", "[ null , \"NaN\"]"] {
+                let json = format!(
+                    r#"{{"model_name":"m","outputs":[{{"name":"Y","datatype":"{dt}","shape":[2],"data":{data}}}]}}"#
+                );
+                let (r, t) = tolerated(&json).unwrap_or_else(|e| panic!("{dt} {data}: {e}"));
+                assert_eq!(t, [Tolerance::NullFloat], "{dt} {data}");
+                let v = floats(&r.outputs[0]);
+                assert!(v[0].is_nan(), "{dt} {data}");
+                assert!(v[1] == 1.5 || v[1].is_nan(), "{dt} {data}");
+            }
+        }
+        // A well-formed answer forgives nothing; Triton's literals are noted as such.
+        let (_, t) = tolerated(&output(r#""datatype":"FP32","shape":[1],"data":[1]"#)).unwrap();
+        assert_eq!(t, []);
+        let (_, t) = tolerated(&output(r#""datatype":"FP32","shape":[1],"data":[NaN]"#)).unwrap();
+        assert_eq!(t, [Tolerance::NonFiniteLiteral]);
+        // A string that looks like null is not null.
+        assert_eq!(
+            err_response(&output(r#""datatype":"FP32","shape":[1],"data":["null"]"#), &[]),
+            "output 'Y': data element 0 is a string; FP32 needs a number, or \"NaN\", \"Infinity\" or \"-Infinity\""
+        );
+    }
+
+    #[test]
+    fn null_stays_an_error_in_integer_bool_and_bytes_outputs_and_in_requests() {
+        for (dt, need) in [
+            ("INT32", "INT32 needs a number"),
+            ("UINT8", "UINT8 needs a number"),
+            ("BOOL", "BOOL needs true or false"),
+            ("BYTES", "BYTES needs a string"),
+        ] {
+            let json = output(&format!(r#""datatype":"{dt}","shape":[1],"data":[null]"#));
+            assert_eq!(
+                err_response(&json, &[]),
+                format!("output 'Y': data element 0 is null; {need}")
+            );
+        }
+        assert_eq!(
+            err(&input(r#""datatype":"FP32","shape":[1],"data":[null]"#)),
+            "input 'X': data element 0 is null; FP32 needs a number, or \"NaN\", \"Infinity\" or \"-Infinity\""
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tolerance::{Tolerance, Tolerated};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorMetadata {
     pub name: String,
@@ -23,7 +25,43 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMetadata>,
 }
 
+/// Model metadata as backends really send it: KServe 0.21 writes `"versions": null`, and
+/// a missing `platform` costs nothing to forgive. Clients never send metadata, so this is
+/// the only way in.
+#[derive(Deserialize)]
+struct BackendModelMetadata {
+    name: String,
+    #[serde(default)]
+    versions: Option<Vec<String>>,
+    #[serde(default)]
+    platform: Option<String>,
+    #[serde(default)]
+    inputs: Vec<TensorMetadata>,
+    #[serde(default)]
+    outputs: Vec<TensorMetadata>,
+}
+
 impl ModelMetadata {
+    /// Reads a backend's `GET /v2/models/{name}` answer, and says what it had to forgive.
+    pub fn from_backend(body: &[u8]) -> Result<(ModelMetadata, Tolerated), serde_json::Error> {
+        let wire: BackendModelMetadata = serde_json::from_slice(body)?;
+        let mut tolerated = Tolerated::default();
+        if wire.versions.is_none() {
+            tolerated.insert(Tolerance::VersionsAbsent);
+        }
+        if wire.platform.is_none() {
+            tolerated.insert(Tolerance::PlatformAbsent);
+        }
+        let metadata = ModelMetadata {
+            name: wire.name,
+            versions: wire.versions.unwrap_or_default(),
+            platform: wire.platform.unwrap_or_default(),
+            inputs: wire.inputs,
+            outputs: wire.outputs,
+        };
+        Ok((metadata, tolerated))
+    }
+
     pub fn input(&self, name: &str) -> Option<&TensorMetadata> {
         self.inputs.iter().find(|t| t.name == name)
     }
@@ -60,4 +98,41 @@ pub mod extensions {
     pub const CLASSIFICATION: &str = "classification";
     pub const SEQUENCE: &str = "sequence";
     pub const STATISTICS: &str = "statistics";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_may_leave_versions_and_platform_out() {
+        // KServe 0.21's answer for a custom model.
+        let kserve = br#"{"name":"addsub","versions":null,"platform":"","inputs":[],"outputs":[]}"#;
+        let (m, t) = ModelMetadata::from_backend(kserve).unwrap();
+        assert_eq!(m.versions, Vec::<String>::new());
+        assert_eq!(t.iter().collect::<Vec<_>>(), [Tolerance::VersionsAbsent]);
+        let (m, t) = ModelMetadata::from_backend(br#"{"name":"m","platform":null}"#).unwrap();
+        assert_eq!((m.platform.as_str(), m.inputs.len()), ("", 0));
+        assert_eq!(
+            t.iter().collect::<Vec<_>>(),
+            [Tolerance::VersionsAbsent, Tolerance::PlatformAbsent]
+        );
+        let (m, t) = ModelMetadata::from_backend(
+            br#"{"name":"m","versions":["1","2"],"platform":"onnxruntime_onnx"}"#,
+        )
+        .unwrap();
+        assert_eq!(m.versions, ["1", "2"]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn what_cannot_be_forgiven_is_still_an_error() {
+        let e = ModelMetadata::from_backend(br#"{"name":"m","versions":[1]}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid type: integer `1`, expected a string at line 1 column 25"
+        );
+        let e = ModelMetadata::from_backend(br#"{"versions":[]}"#).unwrap_err();
+        assert_eq!(e.to_string(), "missing field `name` at line 1 column 15");
+    }
 }

@@ -18,10 +18,13 @@ pub mod metadata;
 pub mod params;
 pub mod raw;
 pub mod tensor;
+pub mod tolerance;
 pub mod validate;
 
 pub use datatype::DataType;
-pub use decode::{decode_request, decode_response, RequestBody, HEADER_CONTENT_LENGTH};
+pub use decode::{
+    decode_backend_response, decode_request, decode_response, RequestBody, HEADER_CONTENT_LENGTH,
+};
 pub use encode::{encode_request, encode_response, EncodedBody};
 pub use error::{ProtocolError, Role};
 pub use limits::Limits;
@@ -30,4 +33,5 @@ pub use metadata::{ModelMetadata, ServerMetadata, TensorMetadata};
 pub use params::{OutputOptions, ParamValue, Parameters, RequestOptions, SequenceId};
 pub use raw::expand_raw;
 pub use tensor::Tensor;
+pub use tolerance::{Tolerance, Tolerated};
 pub use validate::validate_request;
