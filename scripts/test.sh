@@ -3,7 +3,8 @@
 #
 # On a fresh Debian machine, as root, with network access to Debian, PyPI and crates.io only,
 # it installs what the tests need (missing Debian packages, and a .venv with the pinned
-# tritonclient and MLServer of tests/interop/requirements.txt), then runs, failing fast:
+# tritonclient and MLServer of tests/interop/requirements.txt, and a .venv-kserve with the
+# KServe of tests/interop/kserve/requirements.txt), then runs, failing fast:
 #   cargo fmt --check, cargo clippy -D warnings, cargo build, cargo test,
 #   scripts/fuzz.sh (if present, short and bounded), and the Python interop suites (pytest).
 #
@@ -88,6 +89,28 @@ fi
 .venv/bin/python --version
 
 # ---------------------------------------------------------------------------------------
+# KServe cannot share .venv (pip: ResolutionImpossible against MLServer's pins), so it gets
+# its own; tests/interop/kserve/addsub_server.py runs with its Python.
+section "Python venv (.venv-kserve, tests/interop/kserve/requirements.txt)"
+KS_REQS=tests/interop/kserve/requirements.txt
+KS_CONSTRAINTS=tests/interop/kserve/constraints.txt
+if [ -x .venv-kserve/bin/python ] && ! .venv-kserve/bin/python -c 'import sys' >/dev/null 2>&1; then
+  echo ".venv-kserve is broken (its Python is gone): recreating it"
+  rm -rf .venv-kserve
+fi
+if [ ! -x .venv-kserve/bin/python ]; then
+  python3 -m venv .venv-kserve
+fi
+stamp=$(cat "$KS_REQS" "$KS_CONSTRAINTS" | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv-kserve/.requirements.sha256 2>/dev/null || true)" != "$stamp" ]; then
+  .venv-kserve/bin/python -m pip install -q --disable-pip-version-check -r "$KS_REQS"
+  echo "$stamp" > .venv-kserve/.requirements.sha256
+else
+  echo "up to date"
+fi
+.venv-kserve/bin/python -c 'import sys, importlib.metadata as m; print("kserve", m.version("kserve"), "on Python", sys.version.split()[0])'
+
+# ---------------------------------------------------------------------------------------
 section "cargo fmt --check"
 cargo_ fmt --all -- --check
 
@@ -112,6 +135,8 @@ export TENSORGATE_BIN="$ROOT/target/debug/tensorgate"
 # Debian's prometheus was installed above: the real-Prometheus test must fail, not skip,
 # if it is missing.
 export TG_REQUIRE_PROMETHEUS=1
+# .venv-kserve was installed above: the KServe tests must fail, not skip, if it is missing.
+export TG_KSERVE_PYTHON="$ROOT/.venv-kserve/bin/python"
 # One pytest run per directory, so each finds its own pytest.ini and conftest.py.
 for d in tests/interop tests/observability tests/deploy; do
   if [ -d "$d" ]; then

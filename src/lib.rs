@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod models;
 pub mod protocol;
 pub mod reload;
+pub mod rest;
 pub mod routing;
 pub mod run;
 pub mod server;

@@ -72,8 +72,9 @@ fn lists_nothing(method: &str, path: &str, body: &Bytes) -> (u16, String) {
     }
 }
 
-/// Triton 2.x, answering from its fixtures: two versions of `densenet_onnx` ready, one model
-/// unloaded and one that failed to load (both UNAVAILABLE, with reasons).
+/// Triton 2.55, answering from its fixtures (see their README): two versions of
+/// `densenet_onnx` ready, one model unloaded and one that failed to load (both UNAVAILABLE,
+/// with reasons), and one in the repository that was never loaded (a name-only entry).
 fn triton(method: &str, path: &str, _body: &Bytes) -> (u16, String) {
     let fixture = |name: &str| {
         std::fs::read_to_string(format!(
@@ -88,11 +89,27 @@ fn triton(method: &str, path: &str, _body: &Bytes) -> (u16, String) {
         ("POST", "/v2/repository/index") => (200, fixture("repository_index.json")),
         ("GET", "/v2/models/densenet_onnx") => (200, fixture("model_metadata_onnx.json")),
         ("GET", "/v2/models/densenet_onnx/ready") => (200, String::new()),
-        (_, p) => (
-            400,
-            json!({ "error": format!("Request for unknown model: '{p}' is not found") })
-                .to_string(),
-        ),
+        // Triton 2.55 to 2.70: any model that is not ready, known or not.
+        ("GET", p) if p.ends_with("/ready") => {
+            (400, r#"{"error":"Model version not ready"}"#.into())
+        }
+        ("GET", "/v2/models/unloaded_model" | "/v2/models/broken_model") => {
+            let m = path.trim_start_matches("/v2/models/");
+            (
+                404,
+                json!({ "error": format!("Request for unknown model: '{m}' has no available versions") })
+                    .to_string(),
+            )
+        }
+        ("GET", p) => {
+            let m = p.trim_start_matches("/v2/models/");
+            (
+                404,
+                json!({ "error": format!("Request for unknown model: '{m}' is not found") })
+                    .to_string(),
+            )
+        }
+        _ => (404, r#"{"error":"Not Found"}"#.into()),
     }
 }
 
@@ -284,9 +301,9 @@ async fn triton_is_found_by_its_index_and_its_unavailable_models_are_not_served(
             404,
             "model 'densenet_onnx' has no version '3' (its versions are 1, 2)",
         );
-    // Unloaded and failed models are listed UNAVAILABLE: Triton refuses their metadata, and
-    // the gateway does not make them up.
-    for m in ["unloaded_model", "broken_model"] {
+    // Unloaded and failed models are listed UNAVAILABLE, a never-loaded one by name only:
+    // Triton refuses their metadata, and the gateway does not make them up.
+    for m in ["unloaded_model", "broken_model", "never_loaded_model"] {
         env.get(&format!("/v2/models/{m}"))
             .await
             .assert_error(404, &format!("unknown model '{m}'"));

@@ -1,5 +1,6 @@
 //! What the gateway promises about a forwarded request, seen from the backends' side of the
-//! wire: a request that may have reached a backend is never sent to another one, and a
+//! wire: a request that a backend may have acted on is never sent to another one (only a
+//! stateless request whose connection closed before any answer is, once), and a
 //! request's deadline (the `timeout` parameter or `[models.NAME] timeout_ms`) cuts a slow
 //! backend short with a 504.
 
@@ -46,13 +47,13 @@ async fn gateway_for(backends: &[(&str, &ScriptedBackend)], extra: &str) -> Runn
     gw
 }
 
-/// Sends `count` requests for `m` outside any sequence. Each must either be served by
-/// `good`, or fail on `bad` with `status` and `message`; the backends' own counts must then
-/// show that each request reached exactly one of them.
+/// Sends 24 requests for `m` (outside any sequence unless `parameters` says otherwise).
+/// Each must either be served by `good`, or fail on `bad` with `status` and `message`; the
+/// backends' own counts must then show that each request reached exactly one of them.
 async fn each_request_reaches_one_backend(
     gw: &Running,
-    bad: &ScriptedBackend,
-    good: &ScriptedBackend,
+    (bad, good): (&ScriptedBackend, &ScriptedBackend),
+    parameters: impl Fn(usize) -> Option<serde_json::Value>,
     status: u16,
     message: &str,
 ) {
@@ -60,7 +61,7 @@ async fn each_request_reaches_one_backend(
     let b = base(gw);
     let (mut on_bad, mut on_good) = (0, 0);
     for i in 0..24 {
-        let r = post_infer(&client, &b, "m", &m_body(None)).await;
+        let r = post_infer(&client, &b, "m", &m_body(parameters(i))).await;
         match r.backend.as_deref() {
             Some("bad") => {
                 assert_eq!(r.status, status, "request {i}: {r:?}");
@@ -88,20 +89,66 @@ async fn a_backend_error_after_the_request_arrived_is_not_retried() {
     let bad = ScriptedBackend::start(OnInfer::Fail(500, "model crashed")).await;
     let good = ScriptedBackend::start(OnInfer::Answer).await;
     let gw = gateway_for(&[("bad", &bad), ("good", &good)], "").await;
-    each_request_reaches_one_backend(&gw, &bad, &good, 500, "backend 'bad': model crashed").await;
+    each_request_reaches_one_backend(
+        &gw,
+        (&bad, &good),
+        |_| None,
+        500,
+        "backend 'bad': model crashed",
+    )
+    .await;
     gw.shutdown().await;
 }
 
+fn closed_message(bad: &ScriptedBackend) -> String {
+    format!(
+        "backend 'bad': {} closed the connection before answering: client error (SendRequest): connection closed before message completed",
+        bad.url
+    )
+}
+
+/// A stateless request is safe to run twice: when its connection closed before any answer
+/// (a backend that died under it), it goes once more, to another backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_closed_after_the_request_arrived_is_not_retried() {
+async fn a_stateless_request_whose_connection_closed_is_retried_once_elsewhere() {
     let bad = ScriptedBackend::start(OnInfer::Close).await;
     let good = ScriptedBackend::start(OnInfer::Answer).await;
     let gw = gateway_for(&[("bad", &bad), ("good", &good)], "").await;
-    let message = format!(
-        "backend 'bad': request to {} failed: client error (SendRequest): connection closed before message completed",
-        bad.url
-    );
-    each_request_reaches_one_backend(&gw, &bad, &good, 502, &message).await;
+    let client = http_client();
+    for i in 0..24 {
+        let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
+        assert_eq!(
+            (r.status, r.backend.as_deref()),
+            (200, Some("good")),
+            "request {i}: {r:?}"
+        );
+    }
+    // Some went to the closing backend first; each was then served once by the other.
+    assert!(bad.infers() > 0, "no request went to the closing backend");
+    assert_eq!(good.infers(), 24);
+    gw.shutdown().await;
+}
+
+/// A request of a sequence may have changed the sequence's state: never sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_request_whose_connection_closed_is_not_retried() {
+    let bad = ScriptedBackend::start(OnInfer::Close).await;
+    let good = ScriptedBackend::start(OnInfer::Answer).await;
+    let gw = gateway_for(&[("bad", &bad), ("good", &good)], "").await;
+    let start = |i: usize| Some(json!({ "sequence_id": 1000 + i, "sequence_start": true }));
+    each_request_reaches_one_backend(&gw, (&bad, &good), start, 502, &closed_message(&bad)).await;
+    gw.shutdown().await;
+}
+
+/// `retry_idempotent = false` keeps every request on the backend it was sent to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_of_stateless_requests_can_be_turned_off_per_model() {
+    let bad = ScriptedBackend::start(OnInfer::Close).await;
+    let good = ScriptedBackend::start(OnInfer::Answer).await;
+    let extra = "[models.m]\nretry_idempotent = false\n";
+    let gw = gateway_for(&[("bad", &bad), ("good", &good)], extra).await;
+    each_request_reaches_one_backend(&gw, (&bad, &good), |_| None, 502, &closed_message(&bad))
+        .await;
     gw.shutdown().await;
 }
 

@@ -341,6 +341,9 @@ pub struct ModelConfig {
     pub timeout_ms: Option<u64>,
     /// Built-in sequence models: drop a sequence's state after this long without requests.
     pub sequence_idle_timeout_ms: Option<u64>,
+    /// A request outside any sequence whose backend connection closed before any answer is
+    /// sent once more, to another backend (default true).
+    pub retry_idempotent: Option<bool>,
 }
 
 impl Config {

@@ -66,10 +66,27 @@ pub enum Reply {
     },
 }
 
+/// Where a request may go after its backend failed: a property of the failure, decided
+/// where the failure is understood (pingora's retry type), applied by the inference core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Nothing reached the backend: any request may go to another one.
+    Anywhere,
+    /// The request may have reached the backend, but the connection closed before a byte
+    /// of an answer: only a request that is safe to run twice (not part of a sequence) may
+    /// go to another one.
+    Idempotent,
+    /// The backend may have acted on it and answered, or refused it: never.
+    Never,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendError {
     /// No connection could be made; nothing was sent, so another backend may be tried.
     Connect(String),
+    /// The connection was reset or closed before any byte of a response arrived (a backend
+    /// that died or closed a pooled connection under the request).
+    Reset(String),
     /// The exchange failed after the request may have reached the backend.
     Failed(String),
     /// The backend answered with an error status and message.
@@ -79,6 +96,34 @@ pub enum BackendError {
     /// An in-process model answered with an output its own shape contradicts: the server's
     /// bug, a 500, and no reason to eject the backend.
     Broken(String),
+}
+
+impl BackendError {
+    pub fn retry(&self) -> Retry {
+        match self {
+            BackendError::Connect(_) => Retry::Anywhere,
+            BackendError::Reset(_) => Retry::Idempotent,
+            _ => Retry::Never,
+        }
+    }
+
+    /// The backend refused the request without acting on it (a 400, or an in-process
+    /// model's own check).
+    pub fn is_rejection(&self) -> bool {
+        match self {
+            BackendError::Rejected(_) => true,
+            BackendError::Status { status, .. } => *status == StatusCode::BAD_REQUEST,
+            _ => false,
+        }
+    }
+
+    /// A failure of the backend or of the way to it, which passive health counts.
+    pub fn counts_against_health(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Connect(_) | BackendError::Reset(_) | BackendError::Failed(_)
+        )
+    }
 }
 
 pub struct InferCall<'a> {

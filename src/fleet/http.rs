@@ -75,6 +75,12 @@ impl HttpBackend {
                     self.base,
                     source_chain(&e)
                 ))
+            } else if closed_before_answer(&e) {
+                BackendError::Reset(format!(
+                    "{} closed the connection before answering: {}",
+                    self.base,
+                    source_chain(&e)
+                ))
             } else {
                 BackendError::Failed(format!(
                     "request to {} failed: {}",
@@ -106,7 +112,7 @@ impl HttpBackend {
             // These calls only read, so one retry is safe. It covers a pooled connection
             // that the backend closed just as it was reused: the request never got there.
             let resp = match self.send(request()?).await {
-                Err(BackendError::Failed(first)) => {
+                Err(BackendError::Failed(first) | BackendError::Reset(first)) => {
                     tracing::debug!(backend = %self.base, error = %first, "probe retried");
                     self.send(request()?).await?
                 }
@@ -232,6 +238,31 @@ impl Listed {
             source: source.to_string(),
         }
     }
+}
+
+/// Whether the connection ended before any byte of a response arrived: hyper's "connection
+/// closed before message completed", or a reset, abort or broken pipe underneath. The client
+/// call returns only once a response head arrived, so an error here means none did.
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() {
+                return true;
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cur = c.source();
+    }
+    false
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -390,7 +390,9 @@ async fn refresh_backend(
             // ejection if the backend is really gone.
             let no_answer = matches!(
                 e,
-                backend::BackendError::Connect(_) | backend::BackendError::Failed(_)
+                backend::BackendError::Connect(_)
+                    | backend::BackendError::Reset(_)
+                    | backend::BackendError::Failed(_)
             );
             if previous.reachable && no_answer && failed < unhealthy_after_checks {
                 let mut kept = BackendState::clone(&previous);

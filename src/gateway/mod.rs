@@ -1,32 +1,26 @@
-//! The gateway: shared state and the dispatch of each request to its handler.
+//! The gateway's shared state (config, fleet, router, metrics, statistics, auth tokens,
+//! load-shedding permits, draining) and the transport-neutral inference core (`core`). The
+//! REST (`crate::rest`) and gRPC (`crate::grpc`) edges sit on top of it.
 
-mod auth;
-mod classification;
-mod handlers;
-mod infer;
+pub mod auth;
+pub mod core;
 pub mod labels;
 pub mod observe;
-mod respond;
-pub mod routes;
+pub mod queries;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http::HeaderValue;
 
-use crate::body::{error_response, Body, BoxError};
+pub use self::core::BACKEND_HEADER;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::routing::Router;
-use routes::{Route, RouteError};
-
-pub use infer::BACKEND_HEADER;
 
 /// Echoed to the client and passed to backends, for correlating logs.
 pub const REQUEST_ID: &str = "x-request-id";
@@ -49,10 +43,10 @@ pub struct Gateway {
 }
 
 /// Keeps a gauge raised while a request is handled, even if the client goes away.
-struct Raised(prometheus::IntGauge);
+pub struct Raised(prometheus::IntGauge);
 
 impl Raised {
-    fn new(g: prometheus::IntGauge) -> Self {
+    pub fn new(g: prometheus::IntGauge) -> Self {
         g.inc();
         Raised(g)
     }
@@ -181,6 +175,27 @@ impl Gateway {
         }
     }
 
+    /// Checks the bearer token when tokens are configured (`[auth]`).
+    pub fn authorize(&self, authorization: Option<&HeaderValue>) -> Result<(), GatewayError> {
+        match self.tokens.load().as_ref() {
+            Some(tokens) if !tokens.accepts(authorization) => Err(GatewayError::Unauthorized(
+                "missing or invalid bearer token".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// One of `limits.max_concurrent_requests` permits, held while the request is handled;
+    /// none left sheds the request at once (never queued).
+    pub fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, GatewayError> {
+        self.permits.clone().try_acquire_owned().map_err(|_| {
+            GatewayError::Unavailable(format!(
+                "tensorgate is handling its limit of {} concurrent requests (limits.max_concurrent_requests); retry later",
+                self.max_concurrent
+            ))
+        })
+    }
+
     /// From now on readiness reports 503, so load balancers stop sending new requests.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
@@ -188,264 +203,5 @@ impl Gateway {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
-    }
-
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Body>
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let start = Instant::now();
-        let _in_flight = Raised::new(self.metrics.in_flight.clone());
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let request_id = req.headers().get(REQUEST_ID).cloned();
-        let mut obs = observe::Observation::default();
-        let is_infer = path.ends_with("/infer");
-        let mut response = match self.dispatch(req, &mut obs).await {
-            Ok(r) => r,
-            Err(e) => {
-                let mut r = error_response(&e);
-                if let GatewayError::MethodNotAllowed(_) = e {
-                    if let Some(allow) = allowed_method(e.message()) {
-                        r.headers_mut().insert(header::ALLOW, allow);
-                    }
-                }
-                r
-            }
-        };
-        if let Some(id) = request_id {
-            response.headers_mut().insert(REQUEST_ID, id);
-        }
-        // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
-        // one needs to know which backend was involved.
-        if let Some(v) = obs
-            .backend
-            .as_deref()
-            .and_then(|b| HeaderValue::from_str(b).ok())
-        {
-            response.headers_mut().insert(infer::BACKEND_HEADER, v);
-        }
-        let status = response.status();
-        let elapsed = start.elapsed();
-        let bytes_out = http_body::Body::size_hint(response.body())
-            .exact()
-            .unwrap_or(0);
-        self.metrics
-            .requests
-            .with_label_values(&[status.as_str()])
-            .inc();
-        if is_infer {
-            observe::record_infer(&self.metrics, &self.stats, &obs, status, elapsed, bytes_out);
-        }
-        tracing::info!(
-            target: "tensorgate::access",
-            method = %method,
-            path = %path,
-            model = obs.model.as_deref().unwrap_or("-"),
-            status = status.as_u16(),
-            backend = obs.backend.as_deref().unwrap_or("-"),
-            bytes_in = obs.bytes_in,
-            bytes_out,
-            duration_us = elapsed.as_micros() as u64,
-            sequence_id = obs.sequence.as_deref().unwrap_or("-"),
-            traceparent = obs.traceparent.as_deref().unwrap_or("-"),
-        );
-        response
-    }
-
-    async fn dispatch<B>(
-        &self,
-        req: Request<B>,
-        obs: &mut observe::Observation,
-    ) -> Result<Response<Body>, GatewayError>
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let route = routes::route(req.method(), req.uri().path()).map_err(|e| match e {
-            RouteError::NotFound => {
-                GatewayError::NotFound(format!("no such endpoint: {}", req.uri().path()))
-            }
-            RouteError::MethodNotAllowed(m) => GatewayError::MethodNotAllowed(format!(
-                "method {} is not allowed on {}; use {m}",
-                req.method(),
-                req.uri().path()
-            )),
-        })?;
-        // Health stays open and is never shed, so that probes keep telling the truth.
-        let _permit = if matches!(route, Route::Live | Route::Ready) {
-            None
-        } else {
-            if let Some(tokens) = self.tokens.load().as_ref() {
-                if !tokens.accepts(req.headers().get(header::AUTHORIZATION)) {
-                    return Err(GatewayError::Unauthorized(
-                        "missing or invalid bearer token".into(),
-                    ));
-                }
-            }
-            Some(self.permits.clone().try_acquire_owned().map_err(|_| {
-                GatewayError::Unavailable(format!(
-                    "tensorgate is handling its limit of {} concurrent requests (limits.max_concurrent_requests); retry later",
-                    self.max_concurrent
-                ))
-            })?)
-        };
-        match route {
-            Route::ServerMetadata => Ok(handlers::server_metadata(self)),
-            Route::Live => Ok(handlers::live()),
-            Route::Ready => handlers::ready(self),
-            Route::RepositoryIndex => Ok(handlers::repository_index(self)),
-            Route::Stats { model, version } => {
-                handlers::stats(self, model.as_deref(), version.as_deref())
-            }
-            Route::ModelMetadata { model, version } => {
-                handlers::model_metadata(self, &model, version.as_deref())
-            }
-            Route::ModelReady { model, version } => {
-                handlers::model_ready(self, &model, version.as_deref())
-            }
-            Route::Infer { model, version } => {
-                check_content_encoding(&req)?;
-                let config = self.config();
-                let (parts, body) = req.into_parts();
-                let body = tokio::time::timeout(
-                    Duration::from_millis(config.limits.body_read_timeout_ms),
-                    read_body(body, config.limits.max_body_bytes),
-                )
-                .await
-                .map_err(|_| {
-                    GatewayError::RequestTimeout(format!(
-                        "the request body did not arrive within {} ms (limits.body_read_timeout_ms)",
-                        config.limits.body_read_timeout_ms
-                    ))
-                })??;
-                obs.bytes_in = body.len() as u64;
-                infer::infer(self, &config, &model, version.as_deref(), &parts, body, obs).await
-            }
-        }
-    }
-}
-
-fn allowed_method(message: &str) -> Option<http::HeaderValue> {
-    message
-        .rsplit("use ")
-        .next()
-        .and_then(|m| http::HeaderValue::from_str(m).ok())
-}
-
-/// gzip and deflate bodies were decoded by the decompression layer, which removes the header;
-/// anything still marked as encoded is a coding we cannot decode. Triton answers 501 here; we
-/// answer 415 (RFC 9110 15.5.16 allows it for an unsupported content coding), because the
-/// client chose the coding and a client's error is never a 5xx.
-fn check_content_encoding<B>(req: &Request<B>) -> Result<(), GatewayError> {
-    match req.headers().get(header::CONTENT_ENCODING) {
-        None => Ok(()),
-        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => Ok(()),
-        Some(v) => Err(GatewayError::UnsupportedEncoding(format!(
-            "unsupported Content-Encoding '{}'; supported: gzip, deflate, identity",
-            String::from_utf8_lossy(v.as_bytes())
-        ))),
-    }
-}
-
-/// Reads a whole request body, refusing more than `max` bytes (after decompression).
-async fn read_body<B>(body: B, max: usize) -> Result<Bytes, GatewayError>
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let too_large = || {
-        GatewayError::PayloadTooLarge(format!(
-            "request body is larger than the limit of {max} bytes (limits.max_body_bytes)"
-        ))
-    };
-    // A Content-Length over the limit is refused before a byte of the body is read.
-    let expected = http_body::Body::size_hint(&body).lower();
-    if expected > max as u64 {
-        return Err(too_large());
-    }
-    // One chunk is kept as it came (no copy). Several are copied, as they arrive, into one
-    // buffer sized from Content-Length, so that each chunk, and the read buffer it pins, is
-    // released at once: collecting them all and then joining them would hold every body
-    // twice at its peak.
-    let mut body = std::pin::pin!(Limited::new(body, max));
-    let mut first: Option<Bytes> = None;
-    let mut joined: Option<bytes::BytesMut> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                GatewayError::BadRequest(format!("cannot read the request body: {e}"))
-            }
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers carry nothing for v2
-        };
-        if let Some(buf) = joined.as_mut() {
-            buf.extend_from_slice(&data);
-        } else if let Some(head) = first.take() {
-            let capacity = (expected as usize).max(head.len() + data.len());
-            let mut buf = bytes::BytesMut::with_capacity(capacity);
-            buf.extend_from_slice(&head);
-            buf.extend_from_slice(&data);
-            joined = Some(buf);
-        } else {
-            first = Some(data);
-        }
-    }
-    Ok(joined
-        .map(bytes::BytesMut::freeze)
-        .or(first)
-        .unwrap_or_default())
-}
-
-pub(crate) fn status_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
-    crate::body::json_response(status, &v)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::convert::Infallible;
-
-    use http_body::Frame;
-    use http_body_util::StreamBody;
-
-    use super::*;
-
-    fn chunked(
-        parts: &[&'static [u8]],
-    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
-        let frames: Vec<Result<Frame<Bytes>, Infallible>> = parts
-            .iter()
-            .map(|p| Ok(Frame::data(Bytes::from_static(p))))
-            .collect();
-        StreamBody::new(futures_util::stream::iter(frames))
-    }
-
-    #[tokio::test]
-    async fn bodies_are_read_whole_and_within_the_limit() {
-        let one = read_body(http_body_util::Full::new(Bytes::from_static(b"abc")), 10)
-            .await
-            .unwrap();
-        assert_eq!(one, "abc");
-        let joined = read_body(chunked(&[b"ab", b"", b"cde", b"f"]), 10)
-            .await
-            .unwrap();
-        assert_eq!(joined, "abcdef");
-        assert_eq!(read_body(chunked(&[]), 10).await.unwrap(), "");
-        let over = read_body(chunked(&[b"abcdef", b"ghijk"]), 10)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            over.message(),
-            "request body is larger than the limit of 10 bytes (limits.max_body_bytes)"
-        );
-        // A declared length over the limit is refused before reading.
-        let declared = read_body(http_body_util::Full::new(Bytes::from_static(&[0; 11])), 10)
-            .await
-            .unwrap_err();
-        assert_eq!(declared.message(), over.message());
     }
 }

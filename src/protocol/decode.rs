@@ -34,17 +34,7 @@ pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, 
     let Some(raw) = header_length else {
         return Ok((body.clone(), Bytes::new()));
     };
-    let text = std::str::from_utf8(raw).unwrap_or("").trim();
-    let n: usize = text
-        .parse()
-        .ok()
-        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
-        .ok_or_else(|| {
-            ProtocolError::invalid(format!(
-                "Inference-Header-Content-Length must be a non-negative integer, got '{}'",
-                String::from_utf8_lossy(raw)
-            ))
-        })?;
+    let n = parse_header_length(raw)?;
     if n > body.len() {
         return Err(ProtocolError::invalid(format!(
             "Inference-Header-Content-Length is {n} but the body has only {} bytes",
@@ -52,6 +42,20 @@ pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, 
         )));
     }
     Ok((body.slice(..n), body.slice(n..)))
+}
+
+/// The value of an `Inference-Header-Content-Length` header: the one place it is parsed.
+pub fn parse_header_length(raw: &[u8]) -> Result<usize> {
+    let text = std::str::from_utf8(raw).unwrap_or("").trim();
+    text.parse()
+        .ok()
+        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| {
+            ProtocolError::invalid(format!(
+                "Inference-Header-Content-Length must be a non-negative integer, got '{}'",
+                String::from_utf8_lossy(raw)
+            ))
+        })
 }
 
 #[derive(Deserialize)]

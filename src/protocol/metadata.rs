@@ -126,6 +126,25 @@ mod tests {
     }
 
     #[test]
+    fn triton_metadata_needs_no_forgiveness() {
+        for (fixture, platform) in [
+            (
+                include_str!("../../tests/fixtures/triton/model_metadata_onnx.json"),
+                "onnxruntime_onnx",
+            ),
+            (
+                include_str!("../../tests/fixtures/triton/model_metadata_python.json"),
+                "python",
+            ),
+        ] {
+            let (m, t) = ModelMetadata::from_backend(fixture.as_bytes()).unwrap();
+            assert_eq!(m.platform, platform);
+            assert!(!m.versions.is_empty() && !m.inputs.is_empty());
+            assert!(t.is_empty(), "{fixture}");
+        }
+    }
+
+    #[test]
     fn what_cannot_be_forgiven_is_still_an_error() {
         let e = ModelMetadata::from_backend(br#"{"name":"m","versions":[1]}"#).unwrap_err();
         assert_eq!(

@@ -78,7 +78,7 @@ pub fn expand_raw(body: Bytes, model: &ModelMetadata, limits: &Limits) -> Result
                 )));
             }
             // With a variable dimension, the body must be a whole number of fixed-size rows.
-            if has_variable && (fixed == 0 || len % fixed != 0) {
+            if has_variable && (fixed == 0 || !len.is_multiple_of(fixed)) {
                 return Err(err(format!(
                     "a body of {len} bytes is not a whole number of {datatype} elements of shape {model_shape}"
                 )));

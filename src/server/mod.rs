@@ -54,7 +54,7 @@ where
         let gw = self.0.clone();
         let http1 = req.version() < http::Version::HTTP_2;
         Box::pin(async move {
-            let mut response = gw.clone().handle(req).await;
+            let mut response = crate::rest::handle(gw.clone(), req).await;
             // While draining (before the listener closes, during limits.shutdown_delay_ms),
             // tell HTTP/1 clients to stop reusing the connection. Each then closes after its
             // response, so that by the time the listener closes no client is about to send

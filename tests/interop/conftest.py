@@ -1,17 +1,26 @@
-"""Fixtures: a real MLServer serving mlserver_models/, and tensorgate in front of it or in
-front of its built-in models. Every server listens on free ports of 127.0.0.1 only, every
-wait is bounded in time and in polls, processes are killed at teardown, and their logs are
-printed when a test fails.
+"""Fixtures: a real MLServer serving mlserver_models/, a real KServe ModelServer serving
+kserve/addsub_server.py, and tensorgate in front of either or in front of its built-in
+models. Every server listens on free ports of 127.0.0.1 only, every wait is bounded in time
+and in polls, processes are killed at teardown, and their logs are printed when a test fails.
 
 Fixtures:
-  mlserver, gateway_mlserver, gateway_builtin -> Server(url="127.0.0.1:PORT", metrics_url, ...)
-  mlserver_client, gw_ml, gw_builtin          -> tritonclient.http.InferenceServerClient
+  mlserver, gateway_mlserver, gateway_builtin,
+  kserve, gateway_kserve                       -> Server(url="127.0.0.1:PORT", metrics_url, ...)
+  mlserver_client, gw_ml, gw_builtin, gw_ks    -> tritonclient.http.InferenceServerClient
+  kserve_outage                                -> KServeBehindGateway (a private pair whose
+                                                  KServe a test may kill and restart)
+
+KServe runs with the Python of its own venv (.venv-kserve; scripts/test.sh makes it):
+$TG_KSERVE_PYTHON, else .venv-kserve/bin/python. Its tests skip when neither is set up, and
+fail when TG_KSERVE_PYTHON names a Python that is not there.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -24,6 +33,8 @@ from interop_util import ManagedProcess
 
 MLSERVER_MODEL_NAMES = ("simple", "identity_fp32")
 BUILTIN_WAIT_MODELS = ("simple", "identity_fp32")
+KSERVE_MODEL_NAMES = ("addsub", "double")
+KSERVE_SERVER = util.INTEROP_DIR / "kserve" / "addsub_server.py"
 
 
 @dataclass
@@ -94,6 +105,91 @@ def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
         proc.stop()
 
 
+def _kserve_python() -> Path:
+    """The Python of .venv-kserve: $TG_KSERVE_PYTHON, else .venv-kserve/bin/python."""
+    env = os.environ.get("TG_KSERVE_PYTHON")
+    path = Path(env) if env else util.REPO_ROOT / ".venv-kserve" / "bin" / "python"
+    if not path.exists():
+        if env:
+            pytest.fail(f"TG_KSERVE_PYTHON={path} does not exist (scripts/test.sh makes .venv-kserve)")
+        pytest.skip(f"{path} not found (install tests/interop/kserve/requirements.txt into "
+                    ".venv-kserve, or set TG_KSERVE_PYTHON)")
+    return path
+
+
+def _spawn_kserve(work_dir: Path, http_port: int, name: str = "kserve") -> ManagedProcess:
+    """KServe on 127.0.0.1:http_port (gRPC off), waited for until every model is ready."""
+    argv = [_kserve_python(), str(KSERVE_SERVER),
+            "--host", "127.0.0.1", "--http_port", str(http_port), "--enable_grpc", "false"]
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = ManagedProcess(name, argv, work_dir / f"{name}.log", env=env, cwd=work_dir)
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        proc.wait_http_ok(f"{base}/v2/health/ready")
+        for model in KSERVE_MODEL_NAMES:
+            proc.wait_http_ok(f"{base}/v2/models/{model}/ready")
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def _kill(proc: ManagedProcess) -> None:
+    """SIGKILL the process group at once (a crash, not a shutdown) and reap it."""
+    if proc.alive():
+        try:
+            os.killpg(proc.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.proc.wait(timeout=util.STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{proc.name} (pid {proc.proc.pid}) survived SIGKILL") from None
+    proc.stop()  # closes its log
+
+
+def _start_kserve(work_dir: Path) -> Iterator[Server]:
+    (http_port,) = util.free_ports(1)
+    proc = _spawn_kserve(work_dir, http_port)
+    try:
+        yield Server("kserve", f"127.0.0.1:{http_port}", proc)
+    finally:
+        proc.stop()
+
+
+class KServeBehindGateway:
+    """A KServe and a tensorgate whose only backend it is, for tests that break KServe.
+    `kill()` SIGKILLs KServe; `restart()` starts a new one on the same port."""
+
+    def __init__(self, work_dir: Path):
+        self.work_dir = work_dir
+        (self.port,) = util.free_ports(1)
+        self.restarts = 0
+        self.kserve = Server("kserve-outage", f"127.0.0.1:{self.port}",
+                             _spawn_kserve(work_dir, self.port, "kserve-outage"))
+        self.gateway: Optional[Server] = None
+        self._gateway_gen: Optional[Iterator[Server]] = None
+
+    def start_gateway(self) -> Server:
+        self._gateway_gen = _start_tensorgate(self.work_dir, "tensorgate-kserve-outage",
+                                              [f"http://{self.kserve.url}"], KSERVE_MODEL_NAMES)
+        self.gateway = next(self._gateway_gen)
+        return self.gateway
+
+    def kill(self) -> None:
+        _kill(self.kserve.proc)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.kserve.proc = _spawn_kserve(self.work_dir, self.port,
+                                         f"kserve-outage-restart{self.restarts}")
+
+    def close(self) -> None:
+        if self._gateway_gen is not None:
+            self._gateway_gen.close()  # runs _start_tensorgate's finally: stops the gateway
+        self.kserve.proc.stop()
+
+
 @pytest.fixture(scope="session")
 def mlserver(tmp_path_factory) -> Iterator[Server]:
     """A running MLServer 1.7 serving mlserver_models/ (simple, identity_fp32)."""
@@ -112,6 +208,31 @@ def gateway_builtin(tmp_path_factory) -> Iterator[Server]:
     """tensorgate serving its built-in models in-process (--backend builtin)."""
     yield from _start_tensorgate(tmp_path_factory.mktemp("tg-builtin"), "tensorgate-builtin",
                                  ["builtin"], BUILTIN_WAIT_MODELS)
+
+
+@pytest.fixture(scope="session")
+def kserve(tmp_path_factory) -> Iterator[Server]:
+    """A running KServe 0.21 ModelServer serving addsub and double (kserve/addsub_server.py)."""
+    yield from _start_kserve(tmp_path_factory.mktemp("kserve"))
+
+
+@pytest.fixture(scope="session")
+def gateway_kserve(tmp_path_factory, kserve) -> Iterator[Server]:
+    """tensorgate with that KServe as its only backend: `serve --backend URL` and listen
+    addresses, no models list, no config."""
+    yield from _start_tensorgate(tmp_path_factory.mktemp("tg-kserve"), "tensorgate-kserve",
+                                 [f"http://{kserve.url}"], KSERVE_MODEL_NAMES)
+
+
+@pytest.fixture
+def kserve_outage(tmp_path_factory) -> Iterator[KServeBehindGateway]:
+    """A private KServe behind a private tensorgate, which the test may kill and restart."""
+    pair = KServeBehindGateway(tmp_path_factory.mktemp("kserve-outage"))
+    try:
+        pair.start_gateway()
+        yield pair
+    finally:
+        pair.close()
 
 
 def _client(server: Server) -> Iterator[httpclient.InferenceServerClient]:
@@ -139,6 +260,12 @@ def gw_ml(gateway_mlserver):
 def gw_builtin(gateway_builtin):
     """tritonclient -> tensorgate -> built-in models."""
     yield from _client(gateway_builtin)
+
+
+@pytest.fixture(scope="session")
+def gw_ks(gateway_kserve):
+    """tritonclient -> tensorgate -> KServe."""
+    yield from _client(gateway_kserve)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

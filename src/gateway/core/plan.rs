@@ -1,14 +1,15 @@
-//! Deciding which requested classifications the gateway applies itself, and applying them.
+//! Phase 4: the plan for one backend. Which requested classifications the gateway applies
+//! itself (and applying them, in the shape phase), and the request as the backend should
+//! see it.
 
 use std::sync::Arc;
 
 use crate::config::ClassificationMode;
 use crate::error::GatewayError;
-use crate::fleet::BackendHandle;
+use crate::fleet::{BackendHandle, Capabilities};
+use crate::gateway::labels::Labels;
 use crate::protocol::classify::{classify, supported, unsupported};
-use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor};
-
-use super::labels::Labels;
+use crate::protocol::{DataType, InferRequest, ModelMetadata, ParamValue, RequestOptions, Tensor};
 
 /// One output the gateway classifies.
 pub struct Classification {
@@ -58,7 +59,7 @@ fn is_batched(batched: Option<bool>, t: &Tensor) -> bool {
 
 /// Checks every requested classification against the model's output types, and returns the
 /// ones the gateway must apply for `backend`. `classification: 0` means none, as in Triton.
-pub fn plan(
+pub fn classifications(
     req: &InferRequest,
     model: &ModelMetadata,
     backend: &BackendHandle,
@@ -96,7 +97,10 @@ pub fn plan(
 }
 
 /// Replaces each classified output by its classes.
-pub fn apply(plan: &[Classification], outputs: &mut [Tensor]) -> Result<(), GatewayError> {
+pub fn apply_classifications(
+    plan: &[Classification],
+    outputs: &mut [Tensor],
+) -> Result<(), GatewayError> {
     for c in plan {
         if let Some(t) = outputs.iter_mut().find(|t| t.name == c.output) {
             let batched = is_batched(c.batched, t);
@@ -104,6 +108,42 @@ pub fn apply(plan: &[Classification], outputs: &mut [Tensor]) -> Result<(), Gate
         }
     }
     Ok(())
+}
+
+/// The request as a backend should see it: outputs in binary when it supports that (the
+/// cheapest to transcode), otherwise without any binary parameters at all.
+/// Outputs the gateway classifies are asked for raw.
+pub fn adapt_request(
+    req: &InferRequest,
+    caps: Capabilities,
+    classifications: &[Classification],
+) -> InferRequest {
+    let mut r = req.clone();
+    r.parameters.remove("binary_data_output");
+    match &mut r.outputs {
+        Some(outputs) => {
+            for o in outputs.iter_mut() {
+                o.parameters.remove("binary_data");
+                if caps.binary {
+                    o.parameters.set("binary_data", ParamValue::Bool(true));
+                }
+                o.options.binary_data = caps.binary.then_some(true);
+                if classifications.iter().any(|c| c.output == o.name) {
+                    o.parameters.remove("classification");
+                    o.options.classification = None;
+                }
+            }
+        }
+        None => {
+            if caps.binary {
+                r.parameters
+                    .set("binary_data_output", ParamValue::Bool(true));
+            }
+        }
+    }
+    r.options =
+        RequestOptions::from_parameters(&r.parameters).unwrap_or_else(|_| req.options.clone());
+    r
 }
 
 #[cfg(test)]
@@ -183,7 +223,7 @@ mod tests {
         let values: Vec<f32> = (0..36).map(|i| ((i * 7) % 12) as f32).collect();
         // [3,12] with no metadata: three rows, each with its own best class.
         let mut outputs = vec![tensor(vec![3, 12], &values)];
-        apply(&plan_for(None), &mut outputs).unwrap();
+        apply_classifications(&plan_for(None), &mut outputs).unwrap();
         assert_eq!(outputs[0].shape, vec![3, 1]);
         assert_eq!(
             strings(&outputs[0]),
@@ -191,12 +231,12 @@ mod tests {
         );
         // Rank 1: one row.
         let mut outputs = vec![tensor(vec![36], &values)];
-        apply(&plan_for(None), &mut outputs).unwrap();
+        apply_classifications(&plan_for(None), &mut outputs).unwrap();
         assert_eq!(outputs[0].shape, vec![1]);
         assert_eq!(strings(&outputs[0]), ["11.000000:5"]);
         // Metadata that says there is no batch dimension ([3,12]) is followed.
         let mut outputs = vec![tensor(vec![3, 12], &values)];
-        apply(&plan_for(Some(false)), &mut outputs).unwrap();
+        apply_classifications(&plan_for(Some(false)), &mut outputs).unwrap();
         assert_eq!(outputs[0].shape, vec![1]);
         assert_eq!(strings(&outputs[0]), ["11.000000:5"]);
     }
@@ -205,7 +245,7 @@ mod tests {
     fn an_inconsistent_model_output_is_an_internal_error() {
         let mut t = tensor(vec![2, 3], &[1.0; 6]);
         t.data = t.data.slice(..20);
-        let e = apply(&plan_for(Some(true)), &mut [t]).unwrap_err();
+        let e = apply_classifications(&plan_for(Some(true)), &mut [t]).unwrap_err();
         assert_eq!(
             e.message(),
             "output 'OUT': inconsistent tensor: shape [2,3] of FP32 needs 24 bytes, data has 20"

@@ -1,30 +1,28 @@
-//! The forward path of one inference: decode → validate → pick a backend → adapt the
-//! encoding → forward (retrying a refused connection once) → adapt the response → reply.
+//! Phases 3 to 6 of one inference: route, plan, attempt and retry, shape. What may be
+//! retried elsewhere is a property of the backend's error (`BackendError::retry`).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::request::Parts;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
-use super::classification::{self, Classification};
-use super::handlers::lookup;
-use super::labels::Labels;
-use super::observe::{traceparent, Observation, Phase};
-use super::respond::{adapt_request, client_response};
-use super::Gateway;
-use crate::body::Body;
-use crate::config::Config;
+use super::plan::{self, adapt_request, Classification};
+use super::shape::shape_response;
+use super::{Original, Outcome};
 use crate::error::GatewayError;
-use crate::fleet::backend::{error_message, BackendError, InferCall, Payload, Reply, WireBody};
-use crate::fleet::BackendHandle;
+use crate::fleet::backend::{
+    error_message, BackendError, InferCall, Payload, Reply, Retry, WireBody,
+};
+use crate::fleet::{BackendHandle, CatalogEntry};
+use crate::gateway::labels::Labels;
+use crate::gateway::observe::{Observation, Phase};
+use crate::gateway::Gateway;
 use crate::protocol::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
-    decode_backend_response, decode_request, encode_request, expand_raw, validate_request,
-    InferRequest, Limits, ModelMetadata, RequestBody, HEADER_CONTENT_LENGTH,
+    decode_backend_response, encode_request, InferRequest, Limits, ModelMetadata,
+    HEADER_CONTENT_LENGTH,
 };
 use crate::routing::Route;
 
@@ -49,46 +47,32 @@ impl Drop for Outstanding<'_> {
     }
 }
 
-/// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
-/// parameter (microseconds; 0 means none, as in Triton).
-fn deadline(config: &Config, model: &str, req: &InferRequest) -> Instant {
-    let configured = config
-        .model(model)
-        .and_then(|m| m.timeout_ms)
-        .map(Duration::from_millis)
-        .unwrap_or_else(|| config.limits.request_timeout());
-    let wanted = req
-        .options
-        .timeout_us
-        .filter(|us| *us > 0)
-        .map(Duration::from_micros);
-    Instant::now() + wanted.map_or(configured, |w| w.min(configured))
-}
-
 /// What one attempt on one backend needs to know.
-struct Attempt<'a> {
-    gw: &'a Gateway,
-    limits: &'a Limits,
-    model: &'a str,
-    version: Option<&'a str>,
-    metadata: &'a ModelMetadata,
-    req: &'a InferRequest,
-    body: &'a Bytes,
-    header_length: Option<&'a [u8]>,
-    deadline: Instant,
-    response_limit: usize,
+pub(super) struct Attempt<'a> {
+    pub gw: &'a Gateway,
+    pub limits: &'a Limits,
+    pub model: &'a str,
+    pub version: Option<&'a str>,
+    pub metadata: &'a ModelMetadata,
+    pub req: &'a InferRequest,
+    pub original: Option<Original<'a>>,
+    pub deadline: Instant,
+    pub response_limit: usize,
+    /// `[models.NAME] retry_idempotent`: a stateless request whose connection closed before
+    /// any answer may go to another backend.
+    pub retry_idempotent: bool,
     /// Trace context and request id for the backend.
-    headers: http::HeaderMap,
+    pub headers: http::HeaderMap,
     /// Input tensor bytes that arrived in JSON and in binary form, for transcoding counts.
-    json_in: u64,
-    binary_in: u64,
+    pub json_in: u64,
+    pub binary_in: u64,
 }
 
-/// How an attempt failed: `retryable` when nothing reached the backend; `rejected` when the
-/// backend answered 400, refusing the request without acting on it.
+/// How an attempt failed: `retry` says where else it may go; `rejected` when the backend
+/// answered 400, refusing the request without acting on it.
 struct Failure {
     error: GatewayError,
-    retryable: bool,
+    retry: Retry,
     rejected: bool,
 }
 
@@ -96,131 +80,62 @@ impl<E: Into<GatewayError>> From<E> for Failure {
     fn from(error: E) -> Self {
         Failure {
             error: error.into(),
-            retryable: false,
+            retry: Retry::Never,
             rejected: false,
         }
     }
 }
 
-pub async fn infer(
-    gw: &Gateway,
-    config: &Config,
-    model: &str,
-    version: Option<&str>,
-    parts: &Parts,
-    body: Bytes,
-    obs: &mut Observation,
-) -> Result<Response<Body>, GatewayError> {
-    let queued = Phase::start();
-    let entry = lookup(gw, model, version)?;
-    // `lookup` let through only a version the model lists.
-    let versions = &entry.metadata.versions;
-    let label_version = version
-        .or(versions.first().map(String::as_str))
-        .unwrap_or_default()
-        .to_string();
-    let pending = gw
-        .metrics
-        .nv_pending
-        .with_label_values(&[model, &label_version]);
-    let _pending = super::Raised::new(pending);
-    obs.model = Some(model.to_string());
-    obs.version = Some(label_version);
-    let decoding = Phase::start();
-    let limits = config.limits.protocol();
-    let header_length = parts
-        .headers
-        .get(HEADER_CONTENT_LENGTH)
-        .map(HeaderValue::as_bytes);
-    let (req, binary_in) = match decode_request(&body, header_length, &limits)? {
-        RequestBody::Message(r) => {
-            let json_len =
-                header_length.and_then(|h| std::str::from_utf8(h).ok()?.trim().parse::<u64>().ok());
-            let binary = json_len.map_or(0, |n| body.len() as u64 - n);
-            (r, binary)
-        }
-        RequestBody::Raw(data) => (
-            expand_raw(data, &entry.metadata, &limits)?,
-            body.len() as u64,
-        ),
-    };
-    validate_request(&req, &entry.metadata)?;
-    obs.sequence = req
-        .options
-        .sequence_id
-        .as_ref()
-        .map(crate::routing::describe_sequence);
-    obs.batch = batch_size(&req, &entry.metadata);
-    let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
-    let mut headers = http::HeaderMap::new();
-    let trace = traceparent(parts.headers.get("traceparent"));
-    obs.traceparent = trace.to_str().ok().map(String::from);
-    headers.insert("traceparent", trace);
-    if let Some(id) = parts.headers.get(super::REQUEST_ID) {
-        headers.insert(super::REQUEST_ID, id.clone());
-    }
-    decoding.end(&mut obs.compute_input);
-    let attempt = Attempt {
-        gw,
-        limits: &limits,
-        model,
-        version,
-        metadata: &entry.metadata,
-        req: &req,
-        body: &body,
-        header_length,
-        deadline: deadline(config, model, &req),
-        response_limit: config.limits.max_body_bytes.saturating_mul(4),
-        headers,
-        json_in: total_in.saturating_sub(binary_in),
-        binary_in,
-    };
-    queued.end(&mut obs.queue);
-    obs.queue = obs.queue.saturating_sub(obs.compute_input);
-    let labels = gw.labels.load();
-    let mut refused: Option<String> = None;
-    let mut refusal: Option<GatewayError> = None;
-    loop {
-        let route = match gw
-            .router
-            .route(&entry, model, &req.options, refused.as_deref())
-        {
-            Ok(r) => r,
-            // The backend that refused was the only one: its error is the answer.
-            Err(e) => {
-                obs.retried_from = None;
-                return Err(refusal.unwrap_or(e));
-            }
-        };
-        let backend = route.backend.clone();
-        let outcome = match attempt.on(&backend, &labels, obs).await {
-            Err(f) if f.rejected && !route.fallbacks.is_empty() => {
-                attempt.fall_back(route, f, &labels, obs).await
-            }
-            other => other,
-        };
-        match outcome {
-            // The gateway adds the backend's name to the response, error or not.
-            Ok(response) => return Ok(response),
-            // Only a request whose connection was refused before any byte was sent is
-            // retried, once, elsewhere: inference is not idempotent. Inside a sequence only
-            // a start may move; any other request's state is on the refusing backend.
-            Err(f)
-                if f.retryable
-                    && refused.is_none()
-                    && (req.options.sequence_id.is_none() || req.options.sequence_start) =>
-            {
-                tracing::info!(backend = %backend.name, error = %f.error, "connection refused; retrying on another backend");
+impl Attempt<'_> {
+    /// Routes, attempts, and retries what may be retried, once, on another backend.
+    pub async fn run(
+        &self,
+        entry: &CatalogEntry,
+        obs: &mut Observation,
+    ) -> Result<Outcome, GatewayError> {
+        let (gw, model, options) = (self.gw, self.model, &self.req.options);
+        let labels = gw.labels.load();
+        let in_sequence = options.sequence_id.is_some();
+        let mut refused: Option<String> = None;
+        let mut refusal: Option<GatewayError> = None;
+        loop {
+            let route = match gw.router.route(entry, model, options, refused.as_deref()) {
+                Ok(r) => r,
+                // The backend that failed was the only one: its error is the answer.
+                Err(e) => {
+                    obs.retried_from = None;
+                    return Err(refusal.unwrap_or(e));
+                }
+            };
+            let backend = route.backend.clone();
+            let outcome = match self.on(&backend, &labels, obs).await {
+                Err(f) if f.rejected && !route.fallbacks.is_empty() => {
+                    self.fall_back(route, f, &labels, obs).await
+                }
+                other => other,
+            };
+            let failure = match outcome {
+                Ok(outcome) => return Ok(outcome),
+                Err(f) => f,
+            };
+            // Inside a sequence only a start may move: any other request's state is on the
+            // backend that failed.
+            let may_move = !in_sequence || options.sequence_start;
+            let retry = match failure.retry {
+                Retry::Anywhere => may_move,
+                // Running a stateless model twice has no effect a client can see.
+                Retry::Idempotent => !in_sequence && self.retry_idempotent,
+                Retry::Never => false,
+            };
+            if retry && refused.is_none() {
+                tracing::info!(backend = %backend.name, error = %failure.error, "no answer from the backend; retrying on another");
                 refused = Some(backend.key.clone());
                 obs.retried_from = Some(backend.name.clone());
-                refusal = Some(f.error);
+                refusal = Some(failure.error);
+                continue;
             }
-            Err(f)
-                if f.retryable
-                    && req.options.sequence_id.is_some()
-                    && !req.options.sequence_start =>
-            {
-                let id = req.options.sequence_id.as_ref().expect("checked above");
+            if failure.retry == Retry::Anywhere && !may_move {
+                let id = options.sequence_id.as_ref().expect("in a sequence");
                 gw.router.pins.remove(model, id);
                 return Err(GatewayError::Unavailable(format!(
                     "the backend of sequence {} of model '{model}' ({}) is unavailable; the sequence's state is lost",
@@ -228,22 +143,20 @@ pub async fn infer(
                     backend.key
                 )));
             }
-            Err(f) => return Err(f.error),
+            return Err(failure.error);
         }
     }
-}
 
-impl Attempt<'_> {
     /// One attempt on `backend`, with the classifications it needs from the gateway.
     async fn on(
         &self,
         backend: &BackendHandle,
         labels: &Labels,
         obs: &mut Observation,
-    ) -> Result<Response<Body>, Failure> {
+    ) -> Result<Outcome, Failure> {
         obs.backend = Some(backend.name.clone());
-        let classifications = classification::plan(self.req, self.metadata, backend, labels)?;
-        self.run(backend, &classifications, obs).await
+        let classifications = plan::classifications(self.req, self.metadata, backend, labels)?;
+        self.call(backend, &classifications, obs).await
     }
 
     /// After the hash's backend rejected a sequence request this replica had no pin for,
@@ -257,7 +170,7 @@ impl Attempt<'_> {
         first: Failure,
         labels: &Labels,
         obs: &mut Observation,
-    ) -> Result<Response<Body>, Failure> {
+    ) -> Result<Outcome, Failure> {
         let router = &self.gw.router;
         for past_owner in &route.fallbacks {
             tracing::info!(
@@ -281,12 +194,13 @@ impl Attempt<'_> {
         Err(first)
     }
 
-    async fn run(
+    /// One call to one backend, and the shaping of its answer.
+    async fn call(
         &self,
         backend: &BackendHandle,
         classifications: &[Classification],
         obs: &mut Observation,
-    ) -> Result<Response<Body>, Failure> {
+    ) -> Result<Outcome, Failure> {
         // A deadline already past (a `timeout` of a few microseconds) is not worth a trip to
         // the backend. Nor is it left to the timer: tokio rounds deadlines up to the next
         // millisecond and polls the request first, so a fast backend would beat it.
@@ -296,14 +210,15 @@ impl Attempt<'_> {
         let caps = backend.capabilities();
         let in_process = backend.backend.in_process();
         // The client's own bytes go on unchanged when the backend handles all it asks.
-        let passthrough =
-            !in_process && caps.binary && caps.exact_outputs && classifications.is_empty();
+        let passthrough = self.original.filter(|_| {
+            !in_process && caps.binary && caps.exact_outputs && classifications.is_empty()
+        });
         let encoding = Phase::start();
         let payload = if in_process {
             obs.json_to_binary += self.json_in;
             Payload::Decoded(self.req.clone())
-        } else if passthrough {
-            Payload::Wire(original_body(self.body.clone(), self.header_length))
+        } else if let Some(original) = passthrough {
+            Payload::Wire(original_body(original))
         } else {
             if caps.binary {
                 obs.json_to_binary += self.json_in;
@@ -341,19 +256,13 @@ impl Attempt<'_> {
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
-                let retryable = matches!(e, BackendError::Connect(_));
-                let rejected = match &e {
-                    BackendError::Rejected(_) => true,
-                    BackendError::Status { status, .. } => *status == StatusCode::BAD_REQUEST,
-                    _ => false,
-                };
-                if matches!(e, BackendError::Connect(_) | BackendError::Failed(_)) {
+                if e.counts_against_health() {
                     self.record_failure(backend);
                 }
                 return Err(Failure {
+                    retry: e.retry(),
+                    rejected: e.is_rejection(),
                     error: backend_error(backend, e),
-                    retryable,
-                    rejected,
                 });
             }
         };
@@ -361,9 +270,12 @@ impl Attempt<'_> {
             Reply::Decoded(resp) => {
                 backend.health.record_success();
                 let output = Phase::start();
-                let r = client_response(self.req, resp, &backend.name, classifications, true, obs)?;
+                let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
                 output.end(&mut obs.compute_output);
-                Ok(r)
+                Ok(Outcome::Response {
+                    response,
+                    from_binary: true,
+                })
             }
             Reply::Http {
                 status,
@@ -379,12 +291,15 @@ impl Attempt<'_> {
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
                     return Err(Failure {
                         error: backend_status_error(backend, status, &bytes),
-                        retryable: false,
+                        retry: Retry::Never,
                         rejected: status == StatusCode::BAD_REQUEST,
                     });
                 }
-                if passthrough {
-                    return Ok(pass_through(status, &headers, body));
+                if passthrough.is_some() {
+                    let mut response = http::Response::new(body);
+                    *response.status_mut() = status;
+                    *response.headers_mut() = headers;
+                    return Ok(Outcome::PassThrough(response));
                 }
                 let inferring = Phase::start();
                 let bytes = self.read(body, self.response_limit).await;
@@ -413,16 +328,13 @@ impl Attempt<'_> {
                         .with_label_values(&[&backend.name, t.label()])
                         .inc();
                 }
-                let r = client_response(
-                    self.req,
-                    resp,
-                    &backend.name,
-                    classifications,
-                    hl.is_some(),
-                    obs,
-                )?;
+                let from_binary = hl.is_some();
+                let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
                 output.end(&mut obs.compute_output);
-                Ok(r)
+                Ok(Outcome::Response {
+                    response,
+                    from_binary,
+                })
             }
         }
     }
@@ -451,42 +363,21 @@ impl Attempt<'_> {
     }
 }
 
-fn original_body(body: Bytes, header_length: Option<&[u8]>) -> WireBody {
-    let header_length = header_length
-        .and_then(|h| std::str::from_utf8(h).ok())
-        .and_then(|s| s.trim().parse().ok());
+fn original_body(original: Original<'_>) -> WireBody {
     WireBody {
-        parts: vec![body],
-        content_type: if header_length.is_some() {
+        parts: vec![original.body.clone()],
+        content_type: if original.header_length.is_some() {
             CONTENT_TYPE_BINARY
         } else {
             CONTENT_TYPE_JSON
         },
-        header_length,
+        header_length: original.header_length,
     }
-}
-
-fn pass_through(
-    status: StatusCode,
-    headers: &http::HeaderMap,
-    body: hyper::body::Incoming,
-) -> Response<Body> {
-    let mut r = Response::builder().status(status);
-    for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH] {
-        if let Some(v) = headers.get(&name) {
-            r = r.header(name, v);
-        }
-    }
-    if let Some(v) = headers.get(HEADER_CONTENT_LENGTH) {
-        r = r.header(HEADER_CONTENT_LENGTH, v);
-    }
-    r.body(body.map_err(Into::into).boxed_unsync())
-        .expect("valid response parts")
 }
 
 fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
     match e {
-        BackendError::Connect(m) | BackendError::Failed(m) => {
+        BackendError::Connect(m) | BackendError::Reset(m) | BackendError::Failed(m) => {
             GatewayError::BadGateway(format!("backend '{}': {m}", backend.name))
         }
         BackendError::Rejected(m) => GatewayError::BadRequest(m),
@@ -507,16 +398,4 @@ fn backend_status_error(backend: &BackendHandle, status: StatusCode, body: &Byte
             message: format!("backend '{}': {message}", backend.name),
         }
     }
-}
-
-/// Inferences in a request: the first input's first dimension when the model's shape starts
-/// with a batch dimension (-1, rank two or more), else one.
-fn batch_size(req: &InferRequest, model: &crate::protocol::ModelMetadata) -> u64 {
-    req.inputs
-        .first()
-        .and_then(|t| {
-            let meta = model.input(&t.name)?;
-            (meta.shape.len() >= 2 && meta.shape[0] == -1).then(|| t.shape.first().copied())?
-        })
-        .unwrap_or(1)
 }

@@ -1,0 +1,195 @@
+//! The inference core: one inference, whatever transport carried it. An edge (REST, gRPC)
+//! decodes its request into an `InferRequest`, and the core runs it through named phases:
+//!
+//! 1. **lookup** (`lookup`): the model in the fleet's catalog, and the version the path names;
+//! 2. **validate**: the request against the model's metadata;
+//! 3. **route**: a backend from the router: the sequence's pin or owner, else balanced;
+//! 4. **plan** (`plan`): which classifications the gateway applies, and what the backend is
+//!    sent (its best encoding, or the client's own bytes when it handles everything asked);
+//! 5. **attempt and retry** (`attempt`): the call, with what may be retried elsewhere decided
+//!    by the backend error (`BackendError::retry`);
+//! 6. **shape** (`shape`): exactly the requested outputs, in the requested order, classified,
+//!    with the client's id.
+//!
+//! The answer is a decoded response, which the edge encodes as its client asked, or the
+//! backend's own HTTP response when the client's bytes went through untouched.
+
+mod attempt;
+pub mod lookup;
+pub mod plan;
+mod shape;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::time::Instant;
+
+use super::observe::{traceparent, Observation};
+use super::Gateway;
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::fleet::CatalogEntry;
+use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetadata};
+
+pub use attempt::BACKEND_HEADER;
+pub use lookup::lookup;
+
+/// Which edge a request came in on: a label of the gateway's own series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Rest,
+    Grpc,
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Rest => "rest",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// The client's encoded request body, which may go to a backend unchanged.
+#[derive(Clone, Copy)]
+pub struct Original<'a> {
+    pub body: &'a Bytes,
+    /// Its `Inference-Header-Content-Length`, parsed once by the REST edge.
+    pub header_length: Option<usize>,
+}
+
+/// What an edge knows about one inference besides the request itself.
+pub struct InferContext<'a> {
+    pub model: &'a str,
+    pub version: Option<&'a str>,
+    /// The client's W3C trace context and request id, passed on to the backend.
+    pub traceparent: Option<&'a HeaderValue>,
+    pub request_id: Option<&'a HeaderValue>,
+    /// A deadline the transport carries (gRPC's `grpc-timeout`), beside the config's and the
+    /// v2 `timeout` parameter; the earliest wins.
+    pub transport_deadline: Option<Instant>,
+    /// The client's own bytes (REST only): a Triton-like backend may get them unchanged.
+    pub original: Option<Original<'a>>,
+    /// Input tensor bytes that arrived in binary form, for the transcoding counters.
+    pub binary_in: u64,
+}
+
+/// The core's answer.
+pub enum Outcome {
+    /// The shaped response. `from_binary`: the backend's outputs came in binary form (or
+    /// in-process), which decides what the edge's encoding counts as transcoded.
+    Response {
+        response: InferResponse,
+        from_binary: bool,
+    },
+    /// The backend's answer to the client's original bytes, to go back as it is.
+    PassThrough(http::Response<hyper::body::Incoming>),
+}
+
+/// Phase 1: finds the model, and labels the observation with it. The guard keeps
+/// `nv_inference_pending_request_count` raised for as long as the request lives.
+pub fn begin(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+    obs: &mut Observation,
+) -> Result<(CatalogEntry, super::Raised), GatewayError> {
+    let looking = super::observe::Phase::start();
+    let entry = lookup(gw, model, version)?;
+    looking.end(&mut obs.queue);
+    // `lookup` let through only a version the model lists, so label values stay bounded.
+    let label_version = version
+        .or(entry.metadata.versions.first().map(String::as_str))
+        .unwrap_or_default()
+        .to_string();
+    let pending = gw
+        .metrics
+        .nv_pending
+        .with_label_values(&[model, &label_version]);
+    obs.model = Some(model.to_string());
+    obs.version = Some(label_version);
+    Ok((entry, super::Raised::new(pending)))
+}
+
+/// Phases 2 to 6 for a decoded request.
+pub async fn infer(
+    gw: &Gateway,
+    config: &Config,
+    entry: &CatalogEntry,
+    req: &InferRequest,
+    ctx: InferContext<'_>,
+    obs: &mut Observation,
+) -> Result<Outcome, GatewayError> {
+    let validating = super::observe::Phase::start();
+    validate_request(req, &entry.metadata)?;
+    obs.sequence = req
+        .options
+        .sequence_id
+        .as_ref()
+        .map(crate::routing::describe_sequence);
+    obs.batch = batch_size(req, &entry.metadata);
+    let mut headers = http::HeaderMap::new();
+    let trace = traceparent(ctx.traceparent);
+    obs.traceparent = trace.to_str().ok().map(String::from);
+    headers.insert("traceparent", trace);
+    if let Some(id) = ctx.request_id {
+        headers.insert(super::REQUEST_ID, id.clone());
+    }
+    validating.end(&mut obs.compute_input);
+    let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
+    let limits = config.limits.protocol();
+    let attempt = attempt::Attempt {
+        gw,
+        limits: &limits,
+        model: ctx.model,
+        version: ctx.version,
+        metadata: &entry.metadata,
+        req,
+        original: ctx.original,
+        deadline: deadline(config, ctx.model, req, ctx.transport_deadline),
+        response_limit: config.limits.max_body_bytes.saturating_mul(4),
+        retry_idempotent: config
+            .model(ctx.model)
+            .and_then(|m| m.retry_idempotent)
+            .unwrap_or(true),
+        headers,
+        json_in: total_in.saturating_sub(ctx.binary_in),
+        binary_in: ctx.binary_in,
+    };
+    attempt.run(entry, obs).await
+}
+
+/// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
+/// parameter (microseconds; 0 means none, as in Triton) and by the transport's own.
+fn deadline(
+    config: &Config,
+    model: &str,
+    req: &InferRequest,
+    transport: Option<Instant>,
+) -> Instant {
+    let configured = config
+        .model(model)
+        .and_then(|m| m.timeout_ms)
+        .map(Duration::from_millis)
+        .unwrap_or_else(|| config.limits.request_timeout());
+    let wanted = req
+        .options
+        .timeout_us
+        .filter(|us| *us > 0)
+        .map(Duration::from_micros);
+    let own = Instant::now() + wanted.map_or(configured, |w| w.min(configured));
+    transport.map_or(own, |t| t.min(own))
+}
+
+/// Inferences in a request: the first input's first dimension when the model's shape starts
+/// with a batch dimension (-1, rank two or more), else one.
+fn batch_size(req: &InferRequest, model: &ModelMetadata) -> u64 {
+    req.inputs
+        .first()
+        .and_then(|t| {
+            let meta = model.input(&t.name)?;
+            (meta.shape.len() >= 2 && meta.shape[0] == -1).then(|| t.shape.first().copied())?
+        })
+        .unwrap_or(1)
+}

@@ -1,0 +1,79 @@
+//! The small REST endpoints: the gateway's answers (`gateway::queries`) as v2 JSON.
+
+use http::{Response, StatusCode};
+use serde_json::json;
+
+use super::status_json;
+use crate::body::Body;
+use crate::error::GatewayError;
+use crate::gateway::core::lookup;
+use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
+use crate::gateway::Gateway;
+
+pub fn server_metadata(gw: &Gateway) -> Response<Body> {
+    status_json(
+        StatusCode::OK,
+        json!({
+            "name": gw.config().server.name,
+            "version": env!("CARGO_PKG_VERSION"),
+            "extensions": GATEWAY_EXTENSIONS,
+        }),
+    )
+}
+
+pub fn live() -> Response<Body> {
+    status_json(StatusCode::OK, json!({ "live": true }))
+}
+
+pub fn ready(gw: &Gateway) -> Result<Response<Body>, GatewayError> {
+    queries::server_ready(gw)?;
+    Ok(status_json(StatusCode::OK, json!({ "ready": true })))
+}
+
+pub fn model_metadata(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    let entry = lookup(gw, model, version)?;
+    let value = serde_json::to_value(&*entry.metadata)
+        .map_err(|e| GatewayError::Internal(e.to_string()))?;
+    Ok(status_json(StatusCode::OK, value))
+}
+
+pub fn model_ready(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    queries::model_ready(gw, model, version)?;
+    Ok(status_json(
+        StatusCode::OK,
+        json!({ "name": model, "ready": true }),
+    ))
+}
+
+pub fn repository_index(gw: &Gateway) -> Response<Body> {
+    let list: Vec<serde_json::Value> = queries::repository_index(gw)
+        .iter()
+        .map(|e| {
+            let mut v = json!({ "name": e.name, "state": e.state() });
+            if let Some(version) = &e.version {
+                v["version"] = json!(version);
+            }
+            v
+        })
+        .collect();
+    status_json(StatusCode::OK, serde_json::Value::Array(list))
+}
+
+pub fn stats(
+    gw: &Gateway,
+    model: Option<&str>,
+    version: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    Ok(status_json(
+        StatusCode::OK,
+        queries::stats(gw, model, version)?,
+    ))
+}

@@ -1,0 +1,114 @@
+//! The REST edge of an inference: the body (JSON, binary chunks, or raw) decoded into the
+//! core's request, and the core's answer encoded output by output as the client asked, or
+//! the backend's own bytes passed back.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{header, HeaderValue, Response};
+use http_body_util::BodyExt;
+
+use crate::body::{encoded_response, Body};
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::gateway::core::{self, InferContext, Original, Outcome};
+use crate::gateway::observe::{Observation, Phase};
+use crate::gateway::{Gateway, REQUEST_ID};
+use crate::protocol::{
+    decode::parse_header_length, decode_request, encode_response, expand_raw, InferRequest,
+    InferResponse, RequestBody, HEADER_CONTENT_LENGTH,
+};
+
+pub async fn infer(
+    gw: &Gateway,
+    config: &Config,
+    model: &str,
+    version: Option<&str>,
+    parts: &Parts,
+    body: Bytes,
+    obs: &mut Observation,
+) -> Result<Response<Body>, GatewayError> {
+    let (entry, _pending) = core::begin(gw, model, version, obs)?;
+    let decoding = Phase::start();
+    let limits = config.limits.protocol();
+    let raw_header = parts.headers.get(HEADER_CONTENT_LENGTH);
+    let header_length = raw_header
+        .map(|v| parse_header_length(v.as_bytes()))
+        .transpose()?;
+    let (req, binary_in) =
+        match decode_request(&body, raw_header.map(HeaderValue::as_bytes), &limits)? {
+            RequestBody::Message(r) => {
+                let binary = header_length.map_or(0, |n| (body.len() - n) as u64);
+                (r, binary)
+            }
+            RequestBody::Raw(data) => (
+                expand_raw(data, &entry.metadata, &limits)?,
+                body.len() as u64,
+            ),
+        };
+    decoding.end(&mut obs.compute_input);
+    let ctx = InferContext {
+        model,
+        version,
+        traceparent: parts.headers.get("traceparent"),
+        request_id: parts.headers.get(REQUEST_ID),
+        transport_deadline: None,
+        original: Some(Original {
+            body: &body,
+            header_length,
+        }),
+        binary_in,
+    };
+    let outcome = core::infer(gw, config, &entry, &req, ctx, obs).await?;
+    match outcome {
+        Outcome::PassThrough(response) => Ok(pass_through(response)),
+        Outcome::Response {
+            response,
+            from_binary,
+        } => {
+            let encoding = Phase::start();
+            let r = encode_for_client(&req, response, from_binary, obs);
+            encoding.end(&mut obs.compute_output);
+            r
+        }
+    }
+}
+
+/// Each output in the encoding the client asked for: binary when it listed the output with
+/// `binary_data: true`, or did not list it and set `binary_data_output`.
+fn encode_for_client(
+    req: &InferRequest,
+    response: InferResponse,
+    from_binary: bool,
+    obs: &mut Observation,
+) -> Result<Response<Body>, GatewayError> {
+    let binary: Vec<bool> = response
+        .outputs
+        .iter()
+        .map(|o| req.wants_binary(&o.name))
+        .collect();
+    for (o, wants_binary) in response.outputs.iter().zip(&binary) {
+        match (from_binary, wants_binary) {
+            (true, false) => obs.binary_to_json += o.data.len() as u64,
+            (false, true) => obs.json_to_binary += o.data.len() as u64,
+            _ => {}
+        }
+    }
+    let encoded = encode_response(&response, &binary)?;
+    Ok(encoded_response(encoded))
+}
+
+fn pass_through(backend: http::Response<hyper::body::Incoming>) -> Response<Body> {
+    let (parts, body) = backend.into_parts();
+    let mut r = Response::builder().status(parts.status);
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::HeaderName::from_static(HEADER_CONTENT_LENGTH),
+    ] {
+        if let Some(v) = parts.headers.get(&name) {
+            r = r.header(name, v);
+        }
+    }
+    r.body(body.map_err(Into::into).boxed_unsync())
+        .expect("valid response parts")
+}
