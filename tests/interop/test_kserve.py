@@ -56,10 +56,9 @@ from interop_util import assert_output_encoding, expect_error, make_input, outpu
 
 IHCL = "Inference-Header-Content-Length"
 
-# ASSUMED wording (adjust here): the gateway's 404 for a version in the path of a model
-# that lists none. The source at the time of writing (src/rest/handlers.rs) says instead
-# "model 'addsub' lists no versions; address it without '/versions/2'".
-NO_VERSION_ERROR = "model 'addsub' has no version '2'"
+# The gateway's 404 for a version in the path of a model that lists none (README, "Versions
+# in the path"): metadata, ready and infer refuse it alike.
+NO_VERSION_ERROR = "model 'addsub' lists no versions; address it without '/versions/2'"
 
 # Bounds of the outage test's loops.
 OUTAGE_POLLS = 8
