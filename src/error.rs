@@ -1,5 +1,6 @@
-//! The one error type of the serving side, and the one place that maps errors to HTTP
-//! statuses and `{"error": "..."}` bodies.
+//! The one error type of the serving side, and the one place that maps it to each
+//! transport: an HTTP status with a `{"error": "..."}` body, and a gRPC status code with
+//! the same message, side by side.
 
 use http::StatusCode;
 
@@ -58,6 +59,44 @@ impl GatewayError {
             GatewayError::Backend { status, .. } => *status,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+
+    /// The gRPC code of the same failure: a client's error is INVALID_ARGUMENT (or the more
+    /// precise NOT_FOUND, UNAUTHENTICATED, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), the
+    /// gateway's or a backend's fault INTERNAL, no backend or shedding UNAVAILABLE.
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            GatewayError::Protocol(ProtocolError::Invalid(_)) => Code::InvalidArgument,
+            GatewayError::Protocol(ProtocolError::TooLarge(_)) => Code::ResourceExhausted,
+            GatewayError::Protocol(ProtocolError::Inconsistent(_)) => Code::Internal,
+            GatewayError::BadRequest(_) | GatewayError::UnsupportedEncoding(_) => {
+                Code::InvalidArgument
+            }
+            GatewayError::NotFound(_) => Code::NotFound,
+            GatewayError::MethodNotAllowed(_) => Code::Unimplemented,
+            GatewayError::Unauthorized(_) => Code::Unauthenticated,
+            GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
+            GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
+            GatewayError::Unavailable(_) => Code::Unavailable,
+            GatewayError::BadGateway(_) | GatewayError::Internal(_) => Code::Internal,
+            GatewayError::Backend { status, .. } => match status.as_u16() {
+                400 | 409 | 412 | 415 | 422 => Code::InvalidArgument,
+                401 => Code::Unauthenticated,
+                403 => Code::PermissionDenied,
+                404 => Code::NotFound,
+                408 | 504 => Code::DeadlineExceeded,
+                413 | 429 => Code::ResourceExhausted,
+                501 => Code::Unimplemented,
+                503 => Code::Unavailable,
+                s if (400..500).contains(&s) => Code::InvalidArgument,
+                _ => Code::Internal,
+            },
+        }
+    }
+
+    pub fn to_grpc(&self) -> tonic::Status {
+        tonic::Status::new(self.grpc_code(), self.message())
     }
 
     pub fn message(&self) -> &str {
@@ -130,5 +169,43 @@ mod tests {
             GatewayError::UnsupportedEncoding("br".into()).status(),
             StatusCode::UNSUPPORTED_MEDIA_TYPE
         );
+    }
+
+    #[test]
+    fn grpc_codes_match_the_http_statuses() {
+        use tonic::Code;
+        let cases = [
+            (
+                GatewayError::from(ProtocolError::invalid("x")),
+                Code::InvalidArgument,
+            ),
+            (
+                GatewayError::from(ProtocolError::too_large("x")),
+                Code::ResourceExhausted,
+            ),
+            (GatewayError::NotFound("m".into()), Code::NotFound),
+            (
+                GatewayError::Unauthorized("t".into()),
+                Code::Unauthenticated,
+            ),
+            (GatewayError::Unavailable("u".into()), Code::Unavailable),
+            (GatewayError::Timeout("t".into()), Code::DeadlineExceeded),
+            (GatewayError::BadGateway("b".into()), Code::Internal),
+            (GatewayError::Internal("i".into()), Code::Internal),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.grpc_code(), code, "{e}");
+            assert_eq!(e.to_grpc().message(), e.message());
+        }
+        // A backend's own answer keeps its meaning: a client's error stays one.
+        let backend = |s: u16| GatewayError::Backend {
+            status: StatusCode::from_u16(s).unwrap(),
+            message: "m".into(),
+        };
+        assert_eq!(backend(400).grpc_code(), Code::InvalidArgument);
+        assert_eq!(backend(404).grpc_code(), Code::NotFound);
+        assert_eq!(backend(503).grpc_code(), Code::Unavailable);
+        assert_eq!(backend(500).grpc_code(), Code::Internal);
+        assert_eq!(backend(502).grpc_code(), Code::Internal);
     }
 }

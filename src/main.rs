@@ -23,6 +23,14 @@ struct Cli {
     command: Command,
 }
 
+/// A listen address, or none (`""`).
+#[derive(Clone, Debug)]
+struct OptionalAddress(Option<SocketAddr>);
+
+fn optional_address(text: &str) -> Result<OptionalAddress, String> {
+    tensorgate::config::parse_optional_address(text).map(OptionalAddress)
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway. With neither --config nor --backend, it serves every built-in model
@@ -37,6 +45,11 @@ enum Command {
         /// Address of the Prometheus /metrics listener, overriding server.metrics_listen.
         #[arg(long, value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
+        /// Address of the v2 gRPC listener (inference.GRPCInferenceService and
+        /// grpc.health.v1.Health), overriding server.grpc_listen (default 0.0.0.0:8001,
+        /// Triton's gRPC port); "" turns it off.
+        #[arg(long, value_name = "ADDR", value_parser = optional_address)]
+        grpc_listen: Option<OptionalAddress>,
         /// A backend: http://host:port of any v2 server, or `builtin` for the in-process
         /// models. Repeatable; replaces the config's backends.
         #[arg(long = "backend", value_name = "URL")]
@@ -160,6 +173,7 @@ fn main() -> ExitCode {
             config,
             listen,
             metrics_listen,
+            grpc_listen,
             backends,
         } => {
             let mut c = match &config {
@@ -185,6 +199,9 @@ fn main() -> ExitCode {
             }
             if let Some(l) = metrics_listen {
                 c.server.metrics_listen = l;
+            }
+            if let Some(OptionalAddress(l)) = grpc_listen {
+                c.server.grpc_listen = l;
             }
             // A reload reads the file again and re-applies the command line over it.
             let watch = config.clone().filter(|_| c.fleet.watch_config);

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub nv_pending: IntGaugeVec,
     // Gateway series.
     pub requests: IntCounterVec,
+    pub grpc_requests: IntCounterVec,
     pub in_flight: IntGauge,
     pub duration: HistogramVec,
     pub backend_healthy: IntGaugeVec,
@@ -158,11 +159,17 @@ impl Metrics {
                 "HTTP requests answered, by status code",
                 &["code"],
             ),
+            grpc_requests: counter(
+                &r,
+                "tensorgate_grpc_requests_total",
+                "gRPC inference requests answered (each message of a stream counts), by method and status code",
+                &["method", "code"],
+            ),
             in_flight: reg(
                 &r,
                 IntGauge::new(
                     "tensorgate_http_requests_in_flight",
-                    "HTTP requests being handled",
+                    "HTTP requests and gRPC inference requests being handled",
                 )
                 .expect("valid metric"),
             ),
@@ -171,10 +178,10 @@ impl Metrics {
                 HistogramVec::new(
                     HistogramOpts::new(
                         "tensorgate_request_duration_seconds",
-                        "Inference request duration, by model and backend",
+                        "Inference request duration, by model, backend and protocol (rest or grpc)",
                     )
                     .buckets(DURATION_BUCKETS.to_vec()),
-                    &["model", "backend"],
+                    &["model", "backend", "protocol"],
                 )
                 .expect("valid metric"),
             ),

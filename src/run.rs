@@ -19,6 +19,8 @@ use crate::tls::ReloadableTls;
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
+    /// The gRPC listener's address, when `server.grpc_listen` is set.
+    pub grpc_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     /// The listener's TLS, when configured; reloaded on SIGHUP and file changes.
     pub tls: Option<Arc<ReloadableTls>>,
@@ -103,6 +105,11 @@ pub async fn start_with_resolver(
         None
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let grpc_listener = match config.server.grpc_listen {
+        Some(a) => Some(bind(a, "the v2 gRPC API").await?),
+        None => None,
+    };
+    let grpc_addr = grpc_listener.as_ref().and_then(|l| l.local_addr().ok());
 
     fleet.reconcile(&config).await?;
     let refresher = tokio::spawn(
@@ -134,8 +141,16 @@ pub async fn start_with_resolver(
         listener,
         server::gateway_service(gateway.clone()),
         wait(stopped.clone()),
-        options,
+        options.clone(),
     ))];
+    if let Some(l) = grpc_listener {
+        tasks.push(tokio::spawn(server::serve(
+            l,
+            crate::grpc::grpc_service(gateway.clone()),
+            wait(stopped.clone()),
+            options,
+        )));
+    }
     if let Some(l) = metrics_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
@@ -147,6 +162,7 @@ pub async fn start_with_resolver(
     Ok(Running {
         addr,
         metrics_addr,
+        grpc_addr,
         gateway,
         tls,
         stop,

@@ -156,7 +156,15 @@ fn worker_refuses_unknown_models() {
 
 #[test]
 fn serve_refuses_a_bad_backend_url() {
-    let out = tensorgate(&["serve", "--listen", "127.0.0.1:0", "--backend", "ftp://x:1"]);
+    let out = tensorgate(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "",
+        "--backend",
+        "ftp://x:1",
+    ]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
@@ -294,6 +302,8 @@ async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
             &gw_addr,
             "--metrics-listen",
             &metrics_addr,
+            "--grpc-listen",
+            "",
             "--backend",
             &format!("http://{worker_addr}"),
         ],

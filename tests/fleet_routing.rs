@@ -333,7 +333,7 @@ async fn dns_discovery_follows_the_addresses_of_a_name() {
     let resolver = MutableResolver::default();
     resolver.set("workers.test", &ips[..2]);
     let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\n\n\
          [fleet]\nrefresh_interval_ms = 200\ndns_interval_ms = 200\n\n\
          [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
     );

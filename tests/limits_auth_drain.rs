@@ -525,7 +525,7 @@ async fn bearer_tokens_never_reach_the_logs() {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\ngrpc_listen = \"\"\n\
              [auth]\ntokens_env = \"TG_LOG_TEST_TOKENS\"\n\
              [[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{wp}\"\n",
             free_port()
@@ -588,7 +588,7 @@ async fn sigterm_under_load_drops_no_request() {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\ngrpc_listen = \"\"\n\
              [limits]\nshutdown_delay_ms = 1500\n\
              [[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{wp}\"\n",
             free_port()

@@ -30,6 +30,7 @@ async fn counters_move_exactly() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.grpc_listen = None;
     let gw = tensorgate::run::start(config, true).await.unwrap();
     let base = format!("http://{}", gw.addr);
     let client = reqwest::Client::new();
@@ -257,6 +258,7 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.grpc_listen = None;
     config
         .set_backends(&["builtin".into(), format!("http://{closed}")])
         .unwrap();
@@ -307,6 +309,7 @@ async fn retries_ejections_timeouts_transcoding_and_reloads_count_exactly() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.grpc_listen = None;
     config
         .set_backends(&[
             format!("http://{}", dying.addr),
@@ -503,6 +506,7 @@ async fn a_removed_backend_leaves_no_series() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.grpc_listen = None;
     config
         .set_backends(&[kept_url.clone(), format!("http://{}", removed.addr)])
         .unwrap();

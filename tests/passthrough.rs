@@ -80,6 +80,7 @@ async fn an_unchanged_request_and_response_cross_as_their_own_bytes() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.grpc_listen = None;
     config.set_backends(&[format!("http://{backend}")]).unwrap();
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let client = reqwest::Client::new();

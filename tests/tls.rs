@@ -270,7 +270,7 @@ async fn sighup_reloads_the_certificates_of_the_running_binary() {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{}\"\ngrpc_listen = \"\"\n\
              log_format = \"json\"\n\
              [server.tls]\ncert = {:?}\nkey = {:?}\n\
              [[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",

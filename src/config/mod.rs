@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_metrics_listen")]
     pub metrics_listen: SocketAddr,
+    /// Address of the v2 gRPC listener; `""` (None) turns it off.
+    #[serde(default = "default_grpc_listen", deserialize_with = "optional_address")]
+    pub grpc_listen: Option<SocketAddr>,
     /// Log level filter (tracing syntax); `RUST_LOG` overrides it.
     #[serde(default = "default_log_level")]
     pub log_level: String,
@@ -114,6 +117,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: default_listen(),
             metrics_listen: default_metrics_listen(),
+            grpc_listen: default_grpc_listen(),
             log_level: default_log_level(),
             log_format: LogFormat::Plain,
             name: default_server_name(),
@@ -128,6 +132,26 @@ fn default_listen() -> SocketAddr {
 }
 fn default_metrics_listen() -> SocketAddr {
     "0.0.0.0:8002".parse().expect("valid address")
+}
+fn default_grpc_listen() -> Option<SocketAddr> {
+    Some("0.0.0.0:8001".parse().expect("valid address"))
+}
+
+/// An address, or `""` for none.
+pub fn parse_optional_address(text: &str) -> Result<Option<SocketAddr>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|e| format!("'{text}' is not an address (host:port, or \"\" for none): {e}"))
+}
+
+fn optional_address<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_optional_address(&text).map_err(serde::de::Error::custom)
 }
 fn default_log_level() -> String {
     "info".into()
@@ -391,6 +415,8 @@ impl Config {
     pub fn worker(listen: SocketAddr, models: &[String]) -> Config {
         let mut c = Config::embedded_default();
         c.server.listen = listen;
+        // A worker is a REST backend; the gateway in front of it speaks gRPC to clients.
+        c.server.grpc_listen = None;
         c.server.name = "tensorgate-worker".into();
         c.set_backends(&["builtin".to_string()])
             .expect("the builtin backend is valid");

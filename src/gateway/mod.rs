@@ -27,7 +27,7 @@ pub const REQUEST_ID: &str = "x-request-id";
 
 pub struct Gateway {
     config: ArcSwap<Config>,
-    labels: ArcSwap<labels::Labels>,
+    pub labels: ArcSwap<labels::Labels>,
     pub fleet: Arc<Fleet>,
     pub router: Router,
     pub metrics: Arc<Metrics>,

@@ -10,8 +10,26 @@ use serde_json::{json, Value};
 
 use crate::metrics::{FailureReason, Metrics};
 
+/// Which edge a request came in on: a label of the gateway's own series.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    #[default]
+    Rest,
+    Grpc,
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Rest => "rest",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Observation {
+    pub protocol: Protocol,
     /// Set once the model is known to the catalog (so labels stay bounded).
     pub model: Option<String>,
     pub version: Option<String>,
@@ -31,6 +49,15 @@ pub struct Observation {
     pub compute_input: Duration,
     pub compute_infer: Duration,
     pub compute_output: Duration,
+}
+
+impl Observation {
+    pub fn new(protocol: Protocol) -> Self {
+        Observation {
+            protocol,
+            ..Observation::default()
+        }
+    }
 }
 
 /// Starts a phase; `Phase::end` adds its time to one of the observation's durations.
@@ -183,7 +210,11 @@ pub fn record_infer(
         .inc_by(obs.backend_calls);
     metrics
         .duration
-        .with_label_values(&[model, obs.backend.as_deref().unwrap_or("none")])
+        .with_label_values(&[
+            model,
+            obs.backend.as_deref().unwrap_or("none"),
+            obs.protocol.label(),
+        ])
         .observe(elapsed.as_secs_f64());
     metrics
         .bytes_received

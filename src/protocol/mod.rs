@@ -8,6 +8,7 @@ pub mod decode;
 pub mod encode;
 pub mod error;
 mod fast_request;
+pub mod grpc;
 mod json_count;
 pub mod json_data;
 mod json_number;

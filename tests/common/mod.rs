@@ -45,6 +45,7 @@ pub fn builtin_config() -> Config {
     let mut c = Config::embedded_default();
     c.server.listen = loopback();
     c.server.metrics_listen = loopback();
+    c.server.grpc_listen = Some(loopback());
     c
 }
 

@@ -224,7 +224,7 @@ impl Worker {
 /// `backends` as (name, url) pairs.
 pub fn gateway_toml(backends: &[(&str, &str)], fleet: &str) -> String {
     let mut t = String::from(
-        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_level = \"warn\"\n\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\nlog_level = \"warn\"\n\n",
     );
     t.push_str("[fleet]\n");
     t.push_str(fleet);
@@ -276,6 +276,8 @@ impl GatewayProcess {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--metrics-listen")
             .arg("127.0.0.1:0")
+            .arg("--grpc-listen")
+            .arg("")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -88,7 +88,8 @@ def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
     port, metrics_port = util.free_ports(2)
     argv = [str(binary), "serve",
             "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+            "--metrics-listen", f"127.0.0.1:{metrics_port}",
+            "--grpc-listen", ""]
     for backend in backends:
         argv += ["--backend", backend]
     env = {"RUST_BACKTRACE": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}

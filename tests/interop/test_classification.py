@@ -31,7 +31,7 @@ def gateway():
     models = "".join(f'[models.identity_{t}]\nlabels = {{ OUTPUT0 = "{labels}" }}\n' for t in LABELED)
     cfg = work / "tensorgate.toml"
     cfg.write_text(
-        f'[server]\nlisten = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\n'
+        f'[server]\nlisten = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\ngrpc_listen = ""\n'
         '[[backends]]\nname = "builtin"\nurl = "builtin"\n' + models
     )
     p = ManagedProcess("tensorgate-classify", [tensorgate_bin(), "serve", "--config", str(cfg)], work / "gw.log", cwd=REPO_ROOT)

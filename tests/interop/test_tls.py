@@ -30,7 +30,7 @@ def tls_gateway(pki, mtls):
     cfg = pki / f"gateway-{int(mtls)}.toml"
     client_ca = f'client_ca = "{pki / "ca.crt"}"\n' if mtls else ""
     cfg.write_text(
-        f'[server]\nlisten = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\n'
+        f'[server]\nlisten = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics}"\ngrpc_listen = ""\n'
         f'[server.tls]\ncert = "{pki / "server.crt"}"\nkey = "{pki / "server.key"}"\n{client_ca}'
         '[[backends]]\nname = "builtin"\nurl = "builtin"\n'
     )

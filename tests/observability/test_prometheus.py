@@ -41,7 +41,7 @@ class Gateway:
         self.dir = Path(tempfile.mkdtemp(prefix="tg-prom-"))
         cfg = self.dir / "tensorgate.toml"
         cfg.write_text(
-            f'[server]\nlisten = "127.0.0.1:{self.port}"\nmetrics_listen = "127.0.0.1:{self.metrics_port}"\n'
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\nmetrics_listen = "127.0.0.1:{self.metrics_port}"\ngrpc_listen = ""\n'
             f"triton_metrics = {'true' if triton_metrics else 'false'}\n"
             '[[backends]]\nname = "builtin"\nurl = "builtin"\n'
         )

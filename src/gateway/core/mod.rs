@@ -25,6 +25,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tokio::time::Instant;
 
+pub use super::observe::Protocol;
 use super::observe::{traceparent, Observation};
 use super::Gateway;
 use crate::config::Config;
@@ -34,22 +35,6 @@ use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetada
 
 pub use attempt::BACKEND_HEADER;
 pub use lookup::lookup;
-
-/// Which edge a request came in on: a label of the gateway's own series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Rest,
-    Grpc,
-}
-
-impl Protocol {
-    pub fn label(self) -> &'static str {
-        match self {
-            Protocol::Rest => "rest",
-            Protocol::Grpc => "grpc",
-        }
-    }
-}
 
 /// The client's encoded request body, which may go to a backend unchanged.
 #[derive(Clone, Copy)]

@@ -1,0 +1,30 @@
+//! Compiles `proto/inference.proto` in pure Rust (protox), so that no `protoc` is needed:
+//! the messages into `protocol::grpc` (pure data), the service into `grpc` (the edge).
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/inference.proto");
+    let fds = protox::compile(["inference.proto"], ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+
+    let messages = out.join("messages");
+    std::fs::create_dir_all(&messages)?;
+    // Tensor contents stay `Bytes`: raw tensors go to the tensor model without a copy.
+    prost_build::Config::new()
+        .bytes(["."])
+        .out_dir(&messages)
+        .compile_fds(fds.clone())?;
+
+    let services = out.join("services");
+    std::fs::create_dir_all(&services)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        // The client is for the integration tests.
+        .build_client(true)
+        .build_transport(false)
+        .extern_path(".inference", "crate::protocol::grpc::pb")
+        .out_dir(&services)
+        .compile_fds(fds)?;
+    Ok(())
+}

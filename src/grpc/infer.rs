@@ -1,0 +1,380 @@
+//! ModelInfer and ModelStreamInfer: protobuf in, the inference core, protobuf out. Every
+//! request, unary or on a stream, is routed on its own (its sequence's pin, or balanced),
+//! holds one of the gateway's concurrency permits, and is observed and logged once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use http::HeaderValue;
+use prost::Message;
+use tokio::sync::oneshot;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Request, Response, Status};
+
+use super::BoxStream;
+use crate::error::GatewayError;
+use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
+use crate::gateway::observe::{record_infer, Observation, Phase};
+use crate::gateway::{Gateway, Raised, REQUEST_ID};
+use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
+use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
+
+/// Requests of one stream handled at once; further messages wait to be read, which
+/// pushes back on the client through HTTP/2 flow control.
+const STREAM_CONCURRENCY: usize = 64;
+
+const INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+const STREAM_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+
+/// What the request's metadata says about every inference it carries.
+#[derive(Clone)]
+struct RpcContext {
+    traceparent: Option<HeaderValue>,
+    request_id: Option<HeaderValue>,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl RpcContext {
+    fn from_metadata(m: &MetadataMap) -> Result<RpcContext, GatewayError> {
+        let header = |name: &str| {
+            m.get(name)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+        };
+        let deadline = match m.get("grpc-timeout") {
+            None => None,
+            Some(v) => {
+                let timeout = parse_grpc_timeout(v.as_bytes()).ok_or_else(|| {
+                    GatewayError::BadRequest(format!(
+                        "grpc-timeout '{}' is not a valid timeout",
+                        String::from_utf8_lossy(v.as_bytes())
+                    ))
+                })?;
+                Some(tokio::time::Instant::now() + timeout)
+            }
+        };
+        Ok(RpcContext {
+            traceparent: header("traceparent"),
+            request_id: header(REQUEST_ID),
+            deadline,
+        })
+    }
+}
+
+/// `grpc-timeout`: at most 8 digits and a unit (H, M, S, m, u, n), per the gRPC spec.
+fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b"H" => Duration::from_secs(n * 3600),
+        b"M" => Duration::from_secs(n * 60),
+        b"S" => Duration::from_secs(n),
+        b"m" => Duration::from_millis(n),
+        b"u" => Duration::from_micros(n),
+        b"n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+pub async fn unary(
+    gw: &Arc<Gateway>,
+    req: Request<pb::ModelInferRequest>,
+) -> Result<Response<pb::ModelInferResponse>, Status> {
+    let start = Instant::now();
+    let _in_flight = Raised::new(gw.metrics.in_flight.clone());
+    let mut obs = Observation::new(Protocol::Grpc);
+    let (metadata, _, msg) = req.into_parts();
+    let authorization = metadata
+        .get("authorization")
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+    let result = async {
+        gw.authorize(authorization.as_ref())?;
+        let _permit = gw.admit()?;
+        let ctx = RpcContext::from_metadata(&metadata)?;
+        infer_one(gw, msg, &ctx, &mut obs).await
+    }
+    .await;
+    let bytes_out = result.as_ref().map_or(0, |r| r.encoded_len() as u64);
+    finish(
+        gw,
+        INFER_PATH,
+        &obs,
+        result.as_ref().err(),
+        start,
+        bytes_out,
+    );
+    let backend = obs
+        .backend
+        .as_deref()
+        .and_then(|b| MetadataValue::try_from(b).ok());
+    let request_id = metadata.get(REQUEST_ID).cloned();
+    let mut headers = MetadataMap::new();
+    if let Some(b) = backend {
+        headers.insert(BACKEND_HEADER, b);
+    }
+    if let Some(id) = request_id {
+        headers.insert(REQUEST_ID, id);
+    }
+    match result {
+        Ok(r) => {
+            let mut response = Response::new(r);
+            *response.metadata_mut() = headers;
+            Ok(response)
+        }
+        Err(e) => Err(Status::with_metadata(e.grpc_code(), e.message(), headers)),
+    }
+}
+
+/// One inference: lookup, decode, the core, encode.
+async fn infer_one(
+    gw: &Gateway,
+    msg: pb::ModelInferRequest,
+    ctx: &RpcContext,
+    obs: &mut Observation,
+) -> Result<pb::ModelInferResponse, GatewayError> {
+    let config = gw.config();
+    obs.bytes_in = msg.encoded_len() as u64;
+    let model = msg.model_name.clone();
+    let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
+    let (entry, _pending) = core::begin(gw, &model, version.as_deref(), obs)?;
+    let decoding = Phase::start();
+    let req = decode_infer_request(msg, &config.limits.protocol())?;
+    decoding.end(&mut obs.compute_input);
+    let binary_in = req.inputs.iter().map(|t| t.data.len() as u64).sum();
+    let context = InferContext {
+        model: &model,
+        version: version.as_deref(),
+        traceparent: ctx.traceparent.as_ref(),
+        request_id: ctx.request_id.as_ref(),
+        transport_deadline: ctx.deadline,
+        original: None,
+        binary_in,
+    };
+    match core::infer(gw, &config, &entry, &req, context, obs).await? {
+        Outcome::Response {
+            response,
+            from_binary,
+        } => {
+            let encoding = Phase::start();
+            if !from_binary {
+                obs.json_to_binary += response
+                    .outputs
+                    .iter()
+                    .map(|t| t.data.len() as u64)
+                    .sum::<u64>();
+            }
+            let encoded = encode_infer_response(response);
+            encoding.end(&mut obs.compute_output);
+            Ok(encoded)
+        }
+        Outcome::PassThrough(_) => Err(GatewayError::Internal(
+            "a gRPC request has no original body to pass through".into(),
+        )),
+    }
+}
+
+/// Records one RPC (or one message of a stream): metrics, statistics and the access log.
+fn finish(
+    gw: &Gateway,
+    path: &str,
+    obs: &Observation,
+    error: Option<&GatewayError>,
+    start: Instant,
+    bytes_out: u64,
+) {
+    let elapsed = start.elapsed();
+    let (status, code) = match error {
+        None => (http::StatusCode::OK, tonic::Code::Ok),
+        Some(e) => (e.status(), e.grpc_code()),
+    };
+    gw.metrics
+        .grpc_requests
+        .with_label_values(&[path, code_name(code)])
+        .inc();
+    record_infer(&gw.metrics, &gw.stats, obs, status, elapsed, bytes_out);
+    tracing::info!(
+        target: "tensorgate::access",
+        method = "gRPC",
+        path,
+        model = obs.model.as_deref().unwrap_or("-"),
+        status = code as i32,
+        backend = obs.backend.as_deref().unwrap_or("-"),
+        bytes_in = obs.bytes_in,
+        bytes_out,
+        duration_us = elapsed.as_micros() as u64,
+        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+        traceparent = obs.traceparent.as_deref().unwrap_or("-"),
+        error = error.map(GatewayError::message).unwrap_or("-"),
+    );
+}
+
+/// The code's name as gRPC writes it, for a label value.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The sequence a stream message belongs to, as a key for ordering (not for routing).
+fn sequence_key(msg: &pb::ModelInferRequest) -> Option<String> {
+    match msg
+        .parameters
+        .get("sequence_id")?
+        .parameter_choice
+        .as_ref()?
+    {
+        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => None,
+        ParameterChoice::Int64Param(i) => Some(format!("{}\u{0}{i}", msg.model_name)),
+        ParameterChoice::Uint64Param(u) => Some(format!("{}\u{0}{u}", msg.model_name)),
+        ParameterChoice::StringParam(s) if s.is_empty() => None,
+        ParameterChoice::StringParam(s) => Some(format!("{}\u{0}s{s}", msg.model_name)),
+        _ => None,
+    }
+}
+
+/// Keeps the requests of each sequence on one stream in the order they were sent, while
+/// requests of different sequences, and stateless ones, run concurrently: each sequence
+/// request waits for the one before it on the same stream.
+#[derive(Default)]
+struct SequenceOrder(Mutex<HashMap<String, oneshot::Receiver<()>>>);
+
+impl SequenceOrder {
+    /// Returns what to wait for before running, and what to drop when done.
+    fn enter(&self, key: String) -> (Option<oneshot::Receiver<()>>, oneshot::Sender<()>) {
+        let (done, next) = oneshot::channel();
+        let mut map = self.0.lock().expect("the order map is never poisoned");
+        if map.len() >= 4096 {
+            // Sequences whose last request finished need no more ordering.
+            map.retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        }
+        (map.insert(key, next), done)
+    }
+}
+
+pub fn stream(
+    gw: Arc<Gateway>,
+    req: Request<tonic::Streaming<pb::ModelInferRequest>>,
+) -> BoxStream<pb::ModelStreamInferResponse> {
+    let ctx = RpcContext::from_metadata(req.metadata());
+    let incoming = req.into_inner();
+    let order = Arc::new(SequenceOrder::default());
+    let answers = incoming
+        // A broken or cancelled client stream ends ours; what is in flight is dropped with it.
+        .take_while(|m| std::future::ready(m.is_ok()))
+        .filter_map(|m| std::future::ready(m.ok()))
+        .map(move |msg| {
+            let gw = gw.clone();
+            let ctx = ctx.clone();
+            let turn = sequence_key(&msg).map(|k| order.enter(k));
+            async move {
+                let (wait, done) = match turn {
+                    Some((wait, done)) => (wait, Some(done)),
+                    None => (None, None),
+                };
+                if let Some(previous) = wait {
+                    let _ = previous.await;
+                }
+                let answer = stream_message(&gw, msg, ctx).await;
+                drop(done);
+                Ok(answer)
+            }
+        })
+        .buffered(STREAM_CONCURRENCY);
+    Box::pin(answers)
+}
+
+/// One message of a stream: an error answers that message alone, and the stream goes on.
+async fn stream_message(
+    gw: &Gateway,
+    msg: pb::ModelInferRequest,
+    ctx: Result<RpcContext, GatewayError>,
+) -> pb::ModelStreamInferResponse {
+    let start = Instant::now();
+    let _in_flight = Raised::new(gw.metrics.in_flight.clone());
+    let mut obs = Observation::new(Protocol::Grpc);
+    let result = async {
+        let ctx = ctx?;
+        let _permit = gw.admit()?;
+        infer_one(gw, msg, &ctx, &mut obs).await
+    }
+    .await;
+    let bytes_out = result.as_ref().map_or(0, |r| r.encoded_len() as u64);
+    finish(
+        gw,
+        STREAM_PATH,
+        &obs,
+        result.as_ref().err(),
+        start,
+        bytes_out,
+    );
+    match result {
+        Ok(r) => pb::ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(r),
+        },
+        Err(e) => pb::ModelStreamInferResponse {
+            error_message: e.message().to_string(),
+            infer_response: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout(b"5S"), Some(Duration::from_secs(5)));
+        assert_eq!(
+            parse_grpc_timeout(b"250m"),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(parse_grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_grpc_timeout(b"99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in [&b""[..], b"S", b"5", b"5s", b"123456789S", b"-1S", b"1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sequence_waits_for_its_previous_request_only() {
+        let order = SequenceOrder::default();
+        let (first_wait, first_done) = order.enter("a".into());
+        assert!(first_wait.is_none());
+        let (second_wait, _second_done) = order.enter("a".into());
+        let (other_wait, _) = order.enter("b".into());
+        assert!(other_wait.is_none());
+        let mut second_wait = second_wait.expect("the second request of 'a' waits");
+        assert!(second_wait.try_recv().is_err());
+        drop(first_done);
+        assert!(matches!(
+            second_wait.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+    }
+}
