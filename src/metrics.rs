@@ -341,7 +341,9 @@ mod tests {
     fn removed_backends_are_forgotten_everywhere() {
         let m = Metrics::new(true);
         for b in ["api/10.0.0.1:8000", "kept", "none"] {
-            m.duration.with_label_values(&["simple", b]).observe(0.1);
+            m.duration
+                .with_label_values(&["simple", b, "rest"])
+                .observe(0.1);
         }
         for b in ["api/10.0.0.1:8000", "kept"] {
             m.ejections.with_label_values(&[b]).inc();
@@ -353,8 +355,8 @@ mod tests {
         let text = String::from_utf8(m.render()).unwrap();
         assert!(!text.contains("10.0.0.1"), "{text}");
         for series in [
-            r#"tensorgate_request_duration_seconds_count{backend="kept",model="simple"} 1"#,
-            r#"tensorgate_request_duration_seconds_count{backend="none",model="simple"} 1"#,
+            r#"tensorgate_request_duration_seconds_count{backend="kept",model="simple",protocol="rest"} 1"#,
+            r#"tensorgate_request_duration_seconds_count{backend="none",model="simple",protocol="rest"} 1"#,
             r#"tensorgate_backend_ejections_total{backend="kept"} 1"#,
             r#"tensorgate_backend_retries_total{backend="kept"} 1"#,
             r#"tensorgate_backend_healthy{backend="kept"} 1"#,

@@ -10,6 +10,7 @@ use tensorgate::run::Running;
 
 async fn gateway(edit: impl FnOnce(&mut Config)) -> Running {
     let mut c = Config::embedded_default();
+    c.server.grpc_listen = None;
     c.server.listen = "127.0.0.1:0".parse().unwrap();
     edit(&mut c);
     tensorgate::run::start(c, false).await.unwrap()

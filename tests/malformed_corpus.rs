@@ -623,6 +623,7 @@ fn corpus() -> Vec<Case> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_4xx_and_harm_no_one() {
     let mut config = Config::embedded_default();
+    config.server.grpc_listen = None;
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let base = format!("http://{}", gw.addr);

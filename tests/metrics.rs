@@ -136,16 +136,20 @@ async fn counters_move_exactly() {
         1.0
     );
     assert_eq!(
-        get(r#"tensorgate_request_duration_seconds_count{backend="builtin",model="simple"}"#),
+        get(
+            r#"tensorgate_request_duration_seconds_count{backend="builtin",model="simple",protocol="rest"}"#
+        ),
         3.0
     );
     assert_eq!(
-        get(r#"tensorgate_request_duration_seconds_count{backend="none",model="simple"}"#),
+        get(
+            r#"tensorgate_request_duration_seconds_count{backend="none",model="simple",protocol="rest"}"#
+        ),
         1.0
     );
     assert_eq!(
         get(
-            r#"tensorgate_request_duration_seconds_bucket{backend="builtin",model="simple",le="+Inf"}"#
+            r#"tensorgate_request_duration_seconds_bucket{backend="builtin",model="simple",protocol="rest",le="+Inf"}"#
         ),
         3.0
     );
@@ -235,6 +239,7 @@ async fn counters_move_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_context_and_request_id() {
     let mut config = Config::embedded_default();
+    config.server.grpc_listen = None;
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let r = reqwest::Client::new()
@@ -557,7 +562,7 @@ async fn a_removed_backend_leaves_no_series() {
     }
     let before = scrape().await;
     for series in [
-        r#"tensorgate_request_duration_seconds_count{backend="backend-1",model="simple"} 1"#,
+        r#"tensorgate_request_duration_seconds_count{backend="backend-1",model="simple",protocol="rest"} 1"#,
         r#"tensorgate_backend_retries_total{backend="backend-1"} 1"#,
         ejected,
         r#"tensorgate_backend_ejected{backend="backend-1"} 1"#,
@@ -575,7 +580,7 @@ async fn a_removed_backend_leaves_no_series() {
     // The backend that stayed keeps its series.
     assert!(
         after.contains(
-            r#"tensorgate_request_duration_seconds_count{backend="backend-0",model="simple"}"#
+            r#"tensorgate_request_duration_seconds_count{backend="backend-0",model="simple",protocol="rest"}"#
         ),
         "{after}"
     );
@@ -589,6 +594,7 @@ async fn a_removed_backend_leaves_no_series() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_stats_have_tritons_shape_and_count_the_requests() {
     let mut config = Config::embedded_default();
+    config.server.grpc_listen = None;
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let base = format!("http://{}", gw.addr);

@@ -86,6 +86,7 @@ async fn get(
 
 async fn start_tls_gateway(tls: ServerTls) -> tensorgate::run::Running {
     let mut config = Config::embedded_default();
+    config.server.grpc_listen = None;
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.tls = Some(tls);
     tensorgate::run::start(config, false).await.unwrap()
@@ -366,6 +367,7 @@ async fn https_backend_with_custom_ca_and_client_certificate() {
     let worker = tensorgate::run::start(worker, false).await.unwrap();
 
     let mut config = Config::embedded_default();
+    config.server.grpc_listen = None;
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config
         .set_backends(&[format!("https://localhost:{}", worker.addr.port())])

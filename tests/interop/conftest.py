@@ -10,6 +10,15 @@ Fixtures:
   kserve_outage                                -> KServeBehindGateway (a private pair whose
                                                   KServe a test may kill and restart)
 
+The REST fixtures above run with the gRPC listener off (--grpc-listen ""). With it on
+(Server.grpc_url = "127.0.0.1:PORT"), for test_grpc.py:
+  grpc_gateway_builtin, grpc_gateway_mlserver,
+  workers (three `tensorgate worker`s), grpc_gateway_fleet (in front of those three)
+                                               -> Server
+  grpc_builtin, grpc_ml, grpc_fleet            -> tritonclient.grpc.InferenceServerClient
+  launch_gateway                               -> GatewayLauncher: starts a gRPC gateway with
+                                                  its own config, env or TLS, on demand
+
 KServe runs with the Python of its own venv (.venv-kserve; scripts/test.sh makes it):
 $TG_KSERVE_PYTHON, else .venv-kserve/bin/python. Its tests skip when neither is set up, and
 fail when TG_KSERVE_PYTHON names a Python that is not there.
@@ -23,9 +32,11 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
+import grpc
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import interop_util as util
@@ -33,6 +44,7 @@ from interop_util import ManagedProcess
 
 MLSERVER_MODEL_NAMES = ("simple", "identity_fp32")
 BUILTIN_WAIT_MODELS = ("simple", "identity_fp32")
+BUILTIN_GRPC_WAIT_MODELS = ("simple", "identity_fp32", "accumulate", "classifier")
 KSERVE_MODEL_NAMES = ("addsub", "double")
 KSERVE_SERVER = util.INTEROP_DIR / "kserve" / "addsub_server.py"
 
@@ -43,10 +55,14 @@ class Server:
     url: str  # host:port, the form tritonclient wants
     proc: ManagedProcess
     metrics_url: Optional[str] = None
+    grpc_url: Optional[str] = None  # host:port of the gRPC listener, when it is on
 
     @property
     def base(self) -> str:
         return f"http://{self.url}"
+
+    def stop(self) -> None:
+        self.proc.stop()
 
 
 def _start_mlserver(work_dir: Path) -> Iterator[Server]:
@@ -78,32 +94,97 @@ def _start_mlserver(work_dir: Path) -> Iterator[Server]:
         proc.stop()
 
 
-def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
-                      wait_models: Sequence[str]) -> Iterator[Server]:
+def _binary() -> Path:
     binary = util.tensorgate_bin()
     if not binary.exists():
         if os.environ.get("TENSORGATE_BIN"):
             pytest.fail(f"TENSORGATE_BIN={binary} does not exist")
         pytest.skip(f"{binary} not built (run cargo build, or set TENSORGATE_BIN)")
-    port, metrics_port = util.free_ports(2)
-    argv = [str(binary), "serve",
-            "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{metrics_port}",
-            "--grpc-listen", ""]
+    return binary
+
+
+def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
+                      wait_models: Sequence[str], with_grpc: bool = False,
+                      config: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                      tls_ca: Optional[Path] = None) -> Iterator[Server]:
+    """`tensorgate serve` on free ports of 127.0.0.1, with the gRPC listener off unless
+    `with_grpc`. `config` is the text of a config file (the command line's listeners and
+    backends override it); `tls_ca` is the CA of its [server.tls] certificate, with which
+    readiness is checked over gRPC (a TLS gateway answers no plain REST)."""
+    binary = _binary()
+    port, metrics_port, grpc_port = util.free_ports(3)
+    argv = [str(binary), "serve"]
+    if config is not None:
+        path = work_dir / f"{name}.toml"
+        path.write_text(config)
+        argv += ["--config", str(path)]
+    argv += ["--listen", f"127.0.0.1:{port}",
+             "--metrics-listen", f"127.0.0.1:{metrics_port}",
+             "--grpc-listen", f"127.0.0.1:{grpc_port}" if with_grpc else ""]
     for backend in backends:
         argv += ["--backend", backend]
-    env = {"RUST_BACKTRACE": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+    full_env = {"RUST_BACKTRACE": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+    full_env.update(env or {})
     # cwd = repo root: the embedded default config names label files relative to it.
+    proc = ManagedProcess(name, argv, work_dir / f"{name}.log", env=full_env, cwd=util.REPO_ROOT)
+    # A TLS client must name the host its certificate was issued for.
+    grpc_host = "localhost" if tls_ca else "127.0.0.1"
+    server = Server(name, f"127.0.0.1:{port}", proc, metrics_url=f"127.0.0.1:{metrics_port}",
+                    grpc_url=f"{grpc_host}:{grpc_port}" if with_grpc else None)
+    try:
+        if with_grpc:
+            # Health and ModelReady are exempt from auth; REST's model readiness is not.
+            creds = grpc.ssl_channel_credentials(tls_ca.read_bytes()) if tls_ca else None
+            proc.wait_grpc_ready(server.grpc_url, wait_models, creds)
+            if tls_ca is None:
+                proc.wait_http_ok(f"{server.base}/v2/health/ready")
+        else:
+            proc.wait_http_ok(f"{server.base}/v2/health/ready")
+            # The gateway learns models from its backends; wait until it knows ours.
+            for model in wait_models:
+                proc.wait_http_ok(f"{server.base}/v2/models/{model}/ready")
+        yield server
+    finally:
+        proc.stop()
+
+
+def _start_worker(work_dir: Path, name: str) -> Iterator[Server]:
+    """`tensorgate worker`: the built-in models over REST (a worker has no gRPC listener)."""
+    binary = _binary()
+    (port,) = util.free_ports(1)
+    argv = [str(binary), "worker", "--listen", f"127.0.0.1:{port}"]
+    env = {"RUST_BACKTRACE": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
     proc = ManagedProcess(name, argv, work_dir / f"{name}.log", env=env, cwd=util.REPO_ROOT)
-    server = Server(name, f"127.0.0.1:{port}", proc, metrics_url=f"127.0.0.1:{metrics_port}")
+    server = Server(name, f"127.0.0.1:{port}", proc)
     try:
         proc.wait_http_ok(f"{server.base}/v2/health/ready")
-        # The gateway learns models from its backends; wait until it knows ours.
-        for model in wait_models:
+        for model in BUILTIN_GRPC_WAIT_MODELS:
             proc.wait_http_ok(f"{server.base}/v2/models/{model}/ready")
         yield server
     finally:
         proc.stop()
+
+
+class GatewayLauncher:
+    """Starts gRPC-enabled gateways on demand: `launch(name, backends, wait_models,
+    config=..., env=..., tls_ca=...)` returns a ready Server. Each is stopped by
+    `server.stop()` or, at the latest, at the end of the session."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp = tmp_path_factory
+        self._running: List[Iterator[Server]] = []
+
+    def __call__(self, name: str, backends: Sequence[str] = ("builtin",),
+                 wait_models: Sequence[str] = BUILTIN_WAIT_MODELS, **kwargs) -> Server:
+        gen = _start_tensorgate(self._tmp.mktemp(name), name, list(backends), wait_models,
+                                with_grpc=True, **kwargs)
+        server = next(gen)  # on failure its finally has stopped the process
+        self._running.append(gen)
+        return server
+
+    def close(self) -> None:
+        for gen in reversed(self._running):
+            gen.close()
 
 
 def _kserve_python() -> Path:
@@ -236,6 +317,54 @@ def kserve_outage(tmp_path_factory) -> Iterator[KServeBehindGateway]:
         pair.close()
 
 
+@pytest.fixture(scope="session")
+def grpc_gateway_builtin(tmp_path_factory) -> Iterator[Server]:
+    """tensorgate serving its built-in models in-process, with its gRPC listener on."""
+    yield from _start_tensorgate(tmp_path_factory.mktemp("tg-grpc-builtin"), "tensorgate-grpc-builtin",
+                                 ["builtin"], BUILTIN_GRPC_WAIT_MODELS, with_grpc=True)
+
+
+@pytest.fixture(scope="session")
+def grpc_gateway_mlserver(tmp_path_factory, mlserver) -> Iterator[Server]:
+    """tensorgate with gRPC on, with the MLServer (REST) as its only backend."""
+    yield from _start_tensorgate(tmp_path_factory.mktemp("tg-grpc-mlserver"), "tensorgate-grpc-mlserver",
+                                 [f"http://{mlserver.url}"], MLSERVER_MODEL_NAMES, with_grpc=True)
+
+
+@pytest.fixture(scope="session")
+def workers(tmp_path_factory) -> Iterator[List[Server]]:
+    """Three `tensorgate worker` processes (built-in models over REST)."""
+    gens = []
+    try:
+        servers = []
+        for i in range(3):
+            gen = _start_worker(tmp_path_factory.mktemp(f"worker{i}"), f"tensorgate-worker{i}")
+            servers.append(next(gen))
+            gens.append(gen)
+        yield servers
+    finally:
+        for gen in reversed(gens):
+            gen.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_gateway_fleet(tmp_path_factory, workers) -> Iterator[Server]:
+    """tensorgate with gRPC on, in front of the three workers (backend-0, -1, -2 in order)."""
+    yield from _start_tensorgate(tmp_path_factory.mktemp("tg-grpc-fleet"), "tensorgate-grpc-fleet",
+                                 [f"http://{w.url}" for w in workers], BUILTIN_GRPC_WAIT_MODELS,
+                                 with_grpc=True)
+
+
+@pytest.fixture(scope="session")
+def launch_gateway(tmp_path_factory) -> Iterator[GatewayLauncher]:
+    """Starts gRPC gateways with their own config, env or TLS (see GatewayLauncher)."""
+    launcher = GatewayLauncher(tmp_path_factory)
+    try:
+        yield launcher
+    finally:
+        launcher.close()
+
+
 def _client(server: Server) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(
         url=server.url, connection_timeout=10.0, network_timeout=30.0)
@@ -267,6 +396,32 @@ def gw_builtin(gateway_builtin):
 def gw_ks(gateway_kserve):
     """tritonclient -> tensorgate -> KServe."""
     yield from _client(gateway_kserve)
+
+
+def _grpc_client(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(url=server.grpc_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_builtin(grpc_gateway_builtin):
+    """tritonclient.grpc -> tensorgate -> built-in models."""
+    yield from _grpc_client(grpc_gateway_builtin)
+
+
+@pytest.fixture(scope="session")
+def grpc_ml(grpc_gateway_mlserver):
+    """tritonclient.grpc -> tensorgate -> MLServer (REST)."""
+    yield from _grpc_client(grpc_gateway_mlserver)
+
+
+@pytest.fixture(scope="session")
+def grpc_fleet(grpc_gateway_fleet):
+    """tritonclient.grpc -> tensorgate -> three workers."""
+    yield from _grpc_client(grpc_gateway_fleet)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -15,8 +15,11 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import grpc
 import numpy as np
 import tritonclient.http as httpclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +162,48 @@ class ManagedProcess:
             time.sleep(POLL_INTERVAL_S)
         raise RuntimeError(
             f"{self.name}: {url} not ready after {timeout_s:.0f} s (last status {last})\n"
+            + self.describe(SHORT_TAIL_LINES)
+        )
+
+    def wait_grpc_ready(self, target: str, models: Sequence[str] = (),
+                        credentials: Optional[grpc.ChannelCredentials] = None,
+                        timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll the gRPC listener at `target` until grpc.health.v1 answers SERVING and
+        ModelReady is true for every model (both exempt from auth); bounded in time and in
+        polls. Raises RuntimeError with the process log if the process dies or time runs out.
+        """
+        deadline = time.monotonic() + timeout_s
+        last = None
+        channel = (grpc.secure_channel(target, credentials) if credentials
+                   else grpc.insecure_channel(target))
+        try:
+            health = health_pb2_grpc.HealthStub(channel)
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(MAX_POLLS):
+                if not self.alive():
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode} before gRPC {target} "
+                        "was ready\n" + self.describe(SHORT_TAIL_LINES))
+                rpc_timeout = min(2.0, max(0.1, deadline - time.monotonic()))
+                try:
+                    status = health.Check(health_pb2.HealthCheckRequest(service=""),
+                                          timeout=rpc_timeout).status
+                    last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        waiting = [m for m in models if not stub.ModelReady(
+                            service_pb2.ModelReadyRequest(name=m), timeout=rpc_timeout).ready]
+                        if not waiting:
+                            return
+                        last = f"SERVING, models not ready: {waiting}"
+                except grpc.RpcError as e:
+                    last = f"{e.code()}: {e.details()}"
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_INTERVAL_S)
+        finally:
+            channel.close()
+        raise RuntimeError(
+            f"{self.name}: gRPC {target} not ready after {timeout_s:.0f} s (last: {last})\n"
             + self.describe(SHORT_TAIL_LINES)
         )
 

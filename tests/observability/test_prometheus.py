@@ -187,7 +187,7 @@ def test_a_real_prometheus_scrapes_the_gateway(gateway):
         assert float(failures[0]["value"][1]) == 1.0
         execs = wait_for(lambda: query('nv_inference_exec_count{model="simple"}'), "executions")
         assert float(execs[0]["value"][1]) == 4.0
-        hist = wait_for(lambda: query('tensorgate_request_duration_seconds_count{model="simple",backend="builtin"}'), "histogram")
+        hist = wait_for(lambda: query('tensorgate_request_duration_seconds_count{model="simple",backend="builtin",protocol="rest"}'), "histogram")
         assert float(hist[0]["value"][1]) == 4.0
         up = wait_for(lambda: query('up{job="tensorgate"}'), "up")
         assert float(up[0]["value"][1]) == 1.0
