@@ -38,7 +38,7 @@ pub fn grpc_service(gw: Arc<Gateway>) -> GrpcRoutes {
     let inference = GrpcInferenceServiceServer::new(GrpcFront { gw: gw.clone() })
         .max_decoding_message_size(max)
         .max_encoding_message_size(usize::MAX);
-    GrpcRoutes::new(inference, health::service(gw))
+    GrpcRoutes::new(inference, health::service(gw), max)
 }
 
 pub struct GrpcFront {

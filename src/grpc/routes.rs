@@ -20,15 +20,42 @@ use crate::body::BoxError;
 pub struct GrpcRoutes {
     inference: GrpcInferenceServiceServer<GrpcFront>,
     health: HealthServer,
+    /// `limits.max_body_bytes`, the largest message the inference service decodes.
+    max_message: usize,
 }
 
 impl GrpcRoutes {
     pub(super) fn new(
         inference: GrpcInferenceServiceServer<GrpcFront>,
         health: HealthServer,
+        max_message: usize,
     ) -> Self {
-        GrpcRoutes { inference, health }
+        GrpcRoutes {
+            inference,
+            health,
+            max_message,
+        }
     }
+}
+
+/// tonic refuses a message over its decoding limit with OUT_OF_RANGE before any handler
+/// sees it; for a client that is a request too large, RESOURCE_EXHAUSTED, as for every
+/// other limit of the gateway, in the gateway's words.
+fn too_large_is_resource_exhausted(response: Response<Body>, max: usize) -> Response<Body> {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    if status.code() != tonic::Code::OutOfRange
+        || !status
+            .message()
+            .starts_with("Error, decoded message length too large")
+    {
+        return response;
+    }
+    tonic::Status::resource_exhausted(format!(
+        "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
+    ))
+    .into_http()
 }
 
 /// `/<service>/<method>` names its service.
@@ -53,8 +80,11 @@ where
         use tower::ServiceExt;
         let service = service_of(req.uri().path()).to_string();
         if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
-            let svc = self.inference.clone();
-            Box::pin(async move { svc.oneshot(req).await })
+            let (svc, max) = (self.inference.clone(), self.max_message);
+            Box::pin(async move {
+                let response = svc.oneshot(req).await?;
+                Ok(too_large_is_resource_exhausted(response, max))
+            })
         } else if service == <HealthServer as NamedService>::NAME {
             let svc = self.health.clone();
             Box::pin(async move { svc.oneshot(req).await })

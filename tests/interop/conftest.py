@@ -32,7 +32,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 import pytest
@@ -106,11 +106,13 @@ def _binary() -> Path:
 def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
                       wait_models: Sequence[str], with_grpc: bool = False,
                       config: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                      tls_ca: Optional[Path] = None) -> Iterator[Server]:
+                      tls_ca: Optional[Path] = None,
+                      tls_client: Optional[Tuple[Path, Path]] = None) -> Iterator[Server]:
     """`tensorgate serve` on free ports of 127.0.0.1, with the gRPC listener off unless
     `with_grpc`. `config` is the text of a config file (the command line's listeners and
     backends override it); `tls_ca` is the CA of its [server.tls] certificate, with which
-    readiness is checked over gRPC (a TLS gateway answers no plain REST)."""
+    readiness is checked over gRPC (a TLS gateway answers no plain REST), and `tls_client`
+    the (certificate, key) to show when it asks for one (mTLS)."""
     binary = _binary()
     port, metrics_port, grpc_port = util.free_ports(3)
     argv = [str(binary), "serve"]
@@ -134,7 +136,12 @@ def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
     try:
         if with_grpc:
             # Health and ModelReady are exempt from auth; REST's model readiness is not.
-            creds = grpc.ssl_channel_credentials(tls_ca.read_bytes()) if tls_ca else None
+            creds = None
+            if tls_ca:
+                cert, key = tls_client or (None, None)
+                creds = grpc.ssl_channel_credentials(
+                    tls_ca.read_bytes(), private_key=key.read_bytes() if key else None,
+                    certificate_chain=cert.read_bytes() if cert else None)
             proc.wait_grpc_ready(server.grpc_url, wait_models, creds)
             if tls_ca is None:
                 proc.wait_http_ok(f"{server.base}/v2/health/ready")

@@ -1,0 +1,822 @@
+//! The gRPC front with a tonic client: every RPC, raw and typed tensors, the status codes
+//! and messages (the same text as REST), auth, deadlines, streams, sequences that change
+//! transport, per-request balancing over one channel, and health.
+
+mod common_fleet;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common_fleet::*;
+use serde_json::json;
+use tensorgate::config::Config;
+use tensorgate::grpc::service::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tensorgate::protocol::grpc::pb;
+use tensorgate::protocol::grpc::pb::infer_parameter::ParameterChoice;
+use tensorgate::run::Running;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+type Client = GrpcInferenceServiceClient<Channel>;
+
+/// A gateway config (in-process built-in models unless `backends` are given) with REST and
+/// gRPC on loopback.
+fn config(backends: &[(&str, &str)], extra: &str) -> Config {
+    let mut text = gateway_toml(backends, "refresh_interval_ms = 200")
+        .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    if backends.is_empty() {
+        text.push_str("[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n\n");
+    }
+    text.push_str(extra);
+    parse_config(&text)
+}
+
+async fn start(config: Config) -> (Running, Client) {
+    let gw = tensorgate::run::start(config, true)
+        .await
+        .expect("the gateway starts");
+    let addr = gw.grpc_addr.expect("the gRPC listener is on");
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to the gRPC listener");
+    (gw, GrpcInferenceServiceClient::new(channel))
+}
+
+fn int64(v: i64) -> pb::InferParameter {
+    pb::InferParameter {
+        parameter_choice: Some(ParameterChoice::Int64Param(v)),
+    }
+}
+
+fn boolean(v: bool) -> pb::InferParameter {
+    pb::InferParameter {
+        parameter_choice: Some(ParameterChoice::BoolParam(v)),
+    }
+}
+
+fn input(name: &str, datatype: &str, shape: &[i64]) -> pb::model_infer_request::InferInputTensor {
+    pb::model_infer_request::InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape: shape.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn le_i32(values: &[i32]) -> Bytes {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `simple` with raw contents: INPUT0 = a, INPUT1 = b.
+fn simple(a: &[i32], b: &[i32]) -> pb::ModelInferRequest {
+    pb::ModelInferRequest {
+        model_name: "simple".into(),
+        inputs: vec![
+            input("INPUT0", "INT32", &[1, a.len() as i64]),
+            input("INPUT1", "INT32", &[1, b.len() as i64]),
+        ],
+        raw_input_contents: vec![le_i32(a), le_i32(b)],
+        ..Default::default()
+    }
+}
+
+fn i32s(raw: &[u8]) -> Vec<i32> {
+    raw.chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn output<'a>(r: &'a pb::ModelInferResponse, name: &str) -> &'a [u8] {
+    let i = r
+        .outputs
+        .iter()
+        .position(|o| o.name == name)
+        .unwrap_or_else(|| panic!("no output {name} in {r:?}"));
+    &r.raw_output_contents[i]
+}
+
+fn backend_of<T>(r: &tonic::Response<T>) -> String {
+    r.metadata()
+        .get("x-tensorgate-backend")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[track_caller]
+fn assert_status<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, message: &str) {
+    let e = r.expect_err("the RPC fails");
+    assert_eq!((e.code(), e.message()), (code, message), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_infers_with_raw_and_typed_contents() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let a: Vec<i32> = (0..16).collect();
+    let b = vec![1; 16];
+    let r = c.model_infer(simple(&a, &b)).await.unwrap();
+    assert_eq!(backend_of(&r), "builtin");
+    let r = r.into_inner();
+    assert_eq!(r.model_name, "simple");
+    assert_eq!(i32s(output(&r, "OUTPUT0")), (1..17).collect::<Vec<_>>());
+    assert_eq!(i32s(output(&r, "OUTPUT1")), (-1..15).collect::<Vec<_>>());
+    assert_eq!(r.outputs[0].shape, [1, 16]);
+
+    // Typed contents, with one requested output and an id: answered raw, that output only.
+    let mut req = simple(&a, &b);
+    req.raw_input_contents.clear();
+    for (t, values) in req.inputs.iter_mut().zip([&a, &b]) {
+        t.contents = Some(pb::InferTensorContents {
+            int_contents: values.clone(),
+            ..Default::default()
+        });
+    }
+    req.id = "req-1".into();
+    req.outputs = vec![pb::model_infer_request::InferRequestedOutputTensor {
+        name: "OUTPUT1".into(),
+        parameters: HashMap::new(),
+    }];
+    let r = c.model_infer(req).await.unwrap().into_inner();
+    assert_eq!(r.id, "req-1");
+    assert_eq!(r.outputs.len(), 1);
+    assert_eq!(i32s(output(&r, "OUTPUT1")), (-1..15).collect::<Vec<_>>());
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_datatype_round_trips_raw_and_typed_where_protobuf_has_a_field() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let bytes_elems: Vec<Bytes> = vec![
+        Bytes::from_static(b"a"),
+        Bytes::new(),
+        Bytes::from_static(b"\xff\x00z"),
+    ];
+    let cases: Vec<(&str, Bytes, Option<pb::InferTensorContents>)> = vec![
+        (
+            "BOOL",
+            Bytes::from_static(&[1, 0, 1]),
+            Some(pb::InferTensorContents {
+                bool_contents: vec![true, false, true],
+                ..Default::default()
+            }),
+        ),
+        (
+            "INT8",
+            Bytes::from_static(&[0x80, 0xff, 0x7f]),
+            Some(pb::InferTensorContents {
+                int_contents: vec![-128, -1, 127],
+                ..Default::default()
+            }),
+        ),
+        (
+            "INT16",
+            [-32768i16, 0, 32767]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                int_contents: vec![-32768, 0, 32767],
+                ..Default::default()
+            }),
+        ),
+        (
+            "INT32",
+            le_i32(&[i32::MIN, 0, i32::MAX]),
+            Some(pb::InferTensorContents {
+                int_contents: vec![i32::MIN, 0, i32::MAX],
+                ..Default::default()
+            }),
+        ),
+        (
+            "INT64",
+            [i64::MIN, 0, i64::MAX]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                int64_contents: vec![i64::MIN, 0, i64::MAX],
+                ..Default::default()
+            }),
+        ),
+        (
+            "UINT8",
+            Bytes::from_static(&[0, 1, 255]),
+            Some(pb::InferTensorContents {
+                uint_contents: vec![0, 1, 255],
+                ..Default::default()
+            }),
+        ),
+        (
+            "UINT16",
+            [0u16, 1, 65535]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                uint_contents: vec![0, 1, 65535],
+                ..Default::default()
+            }),
+        ),
+        (
+            "UINT32",
+            [0u32, 1, u32::MAX]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                uint_contents: vec![0, 1, u32::MAX],
+                ..Default::default()
+            }),
+        ),
+        (
+            "UINT64",
+            [0u64, 1, u64::MAX]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                uint64_contents: vec![0, 1, u64::MAX],
+                ..Default::default()
+            }),
+        ),
+        (
+            "FP32",
+            [1.5f32, f32::NAN, -0.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                fp32_contents: vec![1.5, f32::NAN, -0.0],
+                ..Default::default()
+            }),
+        ),
+        (
+            "FP64",
+            [1.5f64, f64::INFINITY, -0.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            Some(pb::InferTensorContents {
+                fp64_contents: vec![1.5, f64::INFINITY, -0.0],
+                ..Default::default()
+            }),
+        ),
+        (
+            "FP16",
+            Bytes::from_static(&[0x00, 0x3c, 0x00, 0x7e, 0x00, 0x80]),
+            None,
+        ),
+        (
+            "BF16",
+            Bytes::from_static(&[0x80, 0x3f, 0xc0, 0x7f, 0x00, 0x80]),
+            None,
+        ),
+        (
+            "BYTES",
+            tensorgate::protocol::tensor::frame_bytes(bytes_elems.iter().map(|b| &b[..])),
+            Some(pb::InferTensorContents {
+                bytes_contents: bytes_elems.clone(),
+                ..Default::default()
+            }),
+        ),
+    ];
+    for (dt, raw, typed) in cases {
+        let model = format!("identity_{}", dt.to_ascii_lowercase());
+        let raw_req = pb::ModelInferRequest {
+            model_name: model.clone(),
+            inputs: vec![input("INPUT0", dt, &[1, 3])],
+            raw_input_contents: vec![raw.clone()],
+            ..Default::default()
+        };
+        let r = c.model_infer(raw_req).await.unwrap().into_inner();
+        assert_eq!(r.outputs[0].datatype, dt);
+        assert_eq!(r.raw_output_contents[0], raw, "{dt} raw");
+        match typed {
+            Some(contents) => {
+                let mut t = input("INPUT0", dt, &[1, 3]);
+                t.contents = Some(contents);
+                let typed_req = pb::ModelInferRequest {
+                    model_name: model,
+                    inputs: vec![t],
+                    ..Default::default()
+                };
+                let r = c.model_infer(typed_req).await.unwrap().into_inner();
+                assert_eq!(r.raw_output_contents[0], raw, "{dt} typed");
+            }
+            None => {
+                let mut t = input("INPUT0", dt, &[1, 3]);
+                t.contents = Some(pb::InferTensorContents {
+                    fp32_contents: vec![1.0, 2.0, 3.0],
+                    ..Default::default()
+                });
+                let typed_req = pb::ModelInferRequest {
+                    model_name: model,
+                    inputs: vec![t],
+                    ..Default::default()
+                };
+                assert_status(
+                    c.model_infer(typed_req).await,
+                    Code::InvalidArgument,
+                    &format!("input 'INPUT0': {dt} data must be sent in raw_input_contents: InferTensorContents has no field for it"),
+                );
+            }
+        }
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_carry_the_rest_message_and_their_own_code() {
+    let (gw, mut c) = start(config(&[], "[limits]\nmax_body_bytes = 4096\n")).await;
+    // The same wrong request over REST and over gRPC: 400 and INVALID_ARGUMENT, one text.
+    let rest = post_infer(
+        &http_client(),
+        &base(&gw),
+        "simple",
+        &json!({"inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 15], "data": vec![0; 15]},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 15], "data": vec![0; 15]},
+        ]}),
+    )
+    .await;
+    assert_eq!(rest.status, 400);
+    let message = rest.error().unwrap().to_string();
+    assert_eq!(
+        message,
+        "input 'INPUT0': shape [1,15] does not match the model's [-1,16] at dimension 1"
+    );
+    assert_status(
+        c.model_infer(simple(&[0; 15], &[0; 15])).await,
+        Code::InvalidArgument,
+        &message,
+    );
+    let mut unknown = simple(&[0; 16], &[0; 16]);
+    unknown.model_name = "nope".into();
+    assert_status(
+        c.model_infer(unknown).await,
+        Code::NotFound,
+        "unknown model 'nope'",
+    );
+    let mut short = simple(&[0; 16], &[0; 16]);
+    short.raw_input_contents[1] = Bytes::from_static(&[0; 60]);
+    assert_status(
+        c.model_infer(short).await,
+        Code::InvalidArgument,
+        "input 'INPUT1': raw_input_contents has 60 bytes but shape [1,16] of INT32 needs 64",
+    );
+    let mut mixed = simple(&[0; 16], &[0; 16]);
+    mixed.inputs[0].contents = Some(pb::InferTensorContents {
+        int_contents: vec![0; 16],
+        ..Default::default()
+    });
+    assert_status(
+        c.model_infer(mixed).await,
+        Code::InvalidArgument,
+        "input 'INPUT0': has both typed contents and raw_input_contents",
+    );
+    let mut negative = simple(&[0; 16], &[0; 16]);
+    negative.inputs[0].shape = vec![-1, 16];
+    assert_status(
+        c.model_infer(negative).await,
+        Code::InvalidArgument,
+        "input 'INPUT0': shape [-1,16] has a negative dimension",
+    );
+    let mut reserved = simple(&[0; 16], &[0; 16]);
+    reserved.parameters.insert("triton_x".into(), int64(1));
+    assert_status(
+        c.model_infer(reserved).await,
+        Code::InvalidArgument,
+        "parameter 'triton_x' is reserved: names starting with 'triton_' may not be used",
+    );
+    // Over the body limit: RESOURCE_EXHAUSTED, as REST's 413.
+    assert_status(
+        c.model_infer(simple(&[0; 1000], &[0; 1000])).await,
+        Code::ResourceExhausted,
+        "the request message is larger than the limit of 4096 bytes (limits.max_body_bytes)",
+    );
+    // The connection is still good.
+    assert!(c.model_infer(simple(&[1; 16], &[1; 16])).await.is_ok());
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_guard_every_rpc_but_health() {
+    std::env::set_var("TG_GRPC_TEST_TOKENS", "secret");
+    let (gw, mut c) = start(config(
+        &[],
+        "[auth]\ntokens_env = \"TG_GRPC_TEST_TOKENS\"\n",
+    ))
+    .await;
+    let message = "missing or invalid bearer token";
+    assert_status(
+        c.model_infer(simple(&[0; 16], &[0; 16])).await,
+        Code::Unauthenticated,
+        message,
+    );
+    let mut wrong = Request::new(pb::ServerMetadataRequest {});
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    assert_status(
+        c.server_metadata(wrong).await,
+        Code::Unauthenticated,
+        message,
+    );
+    let mut right = Request::new(simple(&[0; 16], &[0; 16]));
+    right
+        .metadata_mut()
+        .insert("authorization", "Bearer secret".parse().unwrap());
+    assert!(c.model_infer(right).await.is_ok());
+    // Health stays open.
+    assert!(
+        c.server_live(pb::ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    assert!(
+        c.server_ready(pb::ServerReadyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let ready = pb::ModelReadyRequest {
+        name: "simple".into(),
+        version: String::new(),
+    };
+    assert!(c.model_ready(ready).await.unwrap().into_inner().ready);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_config_statistics_and_index() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let m = c
+        .server_metadata(pb::ServerMetadataRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(m.name, "tensorgate");
+    for e in [
+        "binary_tensor_data",
+        "classification",
+        "sequence",
+        "statistics",
+    ] {
+        assert!(m.extensions.iter().any(|x| x == e), "{m:?}");
+    }
+    let meta = c
+        .model_metadata(pb::ModelMetadataRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (meta.versions.as_slice(), meta.platform.as_str()),
+        (&["1".to_string()][..], "tensorgate_builtin")
+    );
+    assert_eq!(meta.inputs[0].shape, [-1, 16]);
+    assert_status(
+        c.model_metadata(pb::ModelMetadataRequest {
+            name: "simple".into(),
+            version: "9".into(),
+        })
+        .await,
+        Code::NotFound,
+        "model 'simple' has no version '9' (its versions are 1)",
+    );
+    let config = c
+        .model_config(pb::ModelConfigRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(config.max_batch_size, i32::MAX);
+    assert_eq!(config.input[0].dims, [16]);
+    assert_eq!(config.input[0].data_type, pb::DataType::TypeInt32 as i32);
+    let accumulate = c
+        .model_config(pb::ModelConfigRequest {
+            name: "accumulate".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(
+        (
+            accumulate.max_batch_size,
+            accumulate.input[0].dims.as_slice()
+        ),
+        (0, &[1i64][..])
+    );
+
+    // A gRPC inference counts in the statistics extension, as a REST one does.
+    c.model_infer(simple(&[0; 16], &[0; 16])).await.unwrap();
+    let stats = c
+        .model_statistics(pb::ModelStatisticsRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = &stats.model_stats[0];
+    assert_eq!((s.name.as_str(), s.inference_count), ("simple", 1));
+    assert_eq!(
+        s.inference_stats
+            .as_ref()
+            .unwrap()
+            .success
+            .as_ref()
+            .unwrap()
+            .count,
+        1
+    );
+    let index = c
+        .repository_index(pb::RepositoryIndexRequest {
+            repository_name: String::new(),
+            ready: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(index
+        .models
+        .iter()
+        .any(|m| m.name == "simple" && m.state == "READY"));
+    // What a gateway does not do says so.
+    let e = c
+        .system_shared_memory_status(pb::SystemSharedMemoryStatusRequest {
+            name: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(
+        e.message()
+            .starts_with("system shared memory is not supported by tensorgate"),
+        "{e:?}"
+    );
+    // The same series as REST, labelled by protocol.
+    let metrics = http_client()
+        .get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        r#"tensorgate_grpc_requests_total{code="OK",method="/inference.GRPCInferenceService/ModelInfer"} 1"#,
+        r#"nv_inference_request_success{model="simple",version="1"} 1"#,
+        r#"tensorgate_request_duration_seconds_count{backend="builtin",model="simple",protocol="grpc"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} not in\n{metrics}");
+    }
+    gw.shutdown().await;
+}
+
+/// `accumulate` over gRPC: its running sum after `value`.
+async fn accumulate_grpc(
+    c: &mut Client,
+    id: pb::InferParameter,
+    value: i32,
+    start: bool,
+) -> Result<(i32, String), tonic::Status> {
+    let mut req = pb::ModelInferRequest {
+        model_name: "accumulate".into(),
+        inputs: vec![input("INPUT0", "INT32", &[1])],
+        raw_input_contents: vec![le_i32(&[value])],
+        ..Default::default()
+    };
+    req.parameters.insert("sequence_id".into(), id);
+    req.parameters
+        .insert("sequence_start".into(), boolean(start));
+    let r = c.model_infer(req).await?;
+    let backend = backend_of(&r);
+    Ok((i32s(output(r.get_ref(), "OUTPUT0"))[0], backend))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_continues_across_transports_on_its_backend() {
+    let workers = Worker::start_many(3, &["accumulate", "simple"]).await;
+    let backends: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let (gw, mut c) = start(config(&backends, "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let b = base(&gw);
+            async move { ready_models(&http_client(), &b).await.len() == 2 }
+        })
+        .await
+    );
+    let client = http_client();
+    for id in 1..=12u64 {
+        // Started over REST, continued over gRPC (int64 id), then REST again.
+        let r = accumulate(&client, &base(&gw), id, true, false, 5).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        let (sum, backend) = accumulate_grpc(&mut c, int64(id as i64), 3, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            (sum, backend.as_str()),
+            (8, r.backend.as_deref().unwrap()),
+            "sequence {id}"
+        );
+        let r2 = accumulate(&client, &base(&gw), id, false, true, 2).await;
+        assert_eq!(
+            (r2.output_int("OUTPUT0"), r2.backend),
+            (Some(10), r.backend),
+            "sequence {id}"
+        );
+    }
+    // A string id: started over gRPC, continued over REST.
+    let string_id = |s: &str| pb::InferParameter {
+        parameter_choice: Some(ParameterChoice::StringParam(s.into())),
+    };
+    let (sum, backend) = accumulate_grpc(&mut c, string_id("seq-a"), 4, true)
+        .await
+        .unwrap();
+    assert_eq!(sum, 4);
+    let body = json!({
+        "parameters": {"sequence_id": "seq-a", "sequence_start": false},
+        "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [6]}],
+    });
+    let r = post_infer(&client, &base(&gw), "accumulate", &body).await;
+    assert_eq!(
+        (r.output_int("OUTPUT0"), r.backend.as_deref()),
+        (Some(10), Some(backend.as_str()))
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_requests_on_one_channel_are_balanced() {
+    let workers = Worker::start_many(3, &["simple"]).await;
+    let backends: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let (gw, mut c) = start(config(&backends, "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move {
+                gw.gateway
+                    .fleet
+                    .catalog()
+                    .get("simple")
+                    .map(|e| e.ready.len())
+                    == Some(3)
+            }
+        })
+        .await
+    );
+    let mut seen = HashSet::new();
+    for i in 0..60 {
+        let r = c.model_infer(simple(&[i; 16], &[1; 16])).await.unwrap();
+        assert_eq!(i32s(output(r.get_ref(), "OUTPUT0"))[0], i + 1);
+        seen.insert(backend_of(&r));
+    }
+    assert_eq!(
+        seen,
+        HashSet::from(["w0".to_string(), "w1".into(), "w2".into()])
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let mut messages = Vec::new();
+    for v in 1..=10 {
+        let mut req = pb::ModelInferRequest {
+            model_name: "accumulate".into(),
+            inputs: vec![input("INPUT0", "INT32", &[1])],
+            raw_input_contents: vec![le_i32(&[v])],
+            ..Default::default()
+        };
+        req.parameters.insert("sequence_id".into(), int64(900));
+        req.parameters
+            .insert("sequence_start".into(), boolean(v == 1));
+        messages.push(req);
+        if v % 3 == 0 {
+            let mut bad = simple(&[0; 16], &[0; 16]);
+            bad.model_name = "nope".into();
+            messages.push(bad);
+        }
+        messages.push(simple(&[v; 16], &[v; 16]));
+    }
+    let count = messages.len();
+    let responses = c
+        .model_stream_infer(futures_util::stream::iter(messages))
+        .await
+        .unwrap()
+        .into_inner();
+    use futures_util::StreamExt;
+    let got: Vec<pb::ModelStreamInferResponse> = tokio::time::timeout(
+        Duration::from_secs(20),
+        responses.map(|r| r.unwrap()).collect(),
+    )
+    .await
+    .expect("the stream ends");
+    assert_eq!(got.len(), count);
+    let mut sum = 0;
+    let mut i = 0;
+    for v in 1..=10 {
+        sum += v;
+        let r = got[i].infer_response.as_ref().expect("accumulate answers");
+        assert_eq!(i32s(output(r, "OUTPUT0")), [sum], "accumulate step {v}");
+        i += 1;
+        if v % 3 == 0 {
+            assert_eq!(got[i].error_message, "unknown model 'nope'");
+            assert!(got[i].infer_response.is_none());
+            i += 1;
+        }
+        let r = got[i].infer_response.as_ref().expect("simple answers");
+        assert_eq!(i32s(output(r, "OUTPUT0"))[0], 2 * v);
+        i += 1;
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_timeout_is_a_deadline() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
+    let (gw, _) = start(config(&[("slow", slow.url.as_str())], "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("m").is_some() }
+        })
+        .await
+    );
+    // A plain HTTP/2 client, so that only the server acts on the deadline (tonic's channel
+    // would also cancel the call itself when it passes).
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<tonic::body::Body>();
+    let origin: http::Uri = format!("http://{}", gw.grpc_addr.unwrap()).parse().unwrap();
+    let mut c = GrpcInferenceServiceClient::with_origin(http2, origin);
+    let mut req = Request::new(pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![input("INPUT0", "FP32", &[2])],
+        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    });
+    req.set_timeout(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    assert_status(
+        c.model_infer(req).await,
+        Code::DeadlineExceeded,
+        "the request to model 'm' timed out",
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(slow.infers(), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_follows_readiness() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let (gw, _) = start(config(&[], "")).await;
+    let channel = Channel::from_shared(format!("http://{}", gw.grpc_addr.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    for service in ["", "inference.GRPCInferenceService"] {
+        let r = health.check(check(service)).await.unwrap().into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    assert_status(
+        health.check(check("other")).await,
+        Code::NotFound,
+        "unknown service 'other'; tensorgate reports '' and 'inference.GRPCInferenceService'",
+    );
+    gw.gateway.start_draining();
+    let r = health.check(check("")).await.unwrap().into_inner();
+    assert_eq!(r.status, ServingStatus::NotServing as i32);
+    gw.shutdown().await;
+}
