@@ -1,0 +1,134 @@
+//! A worker SIGKILLed under stateless load, over REST and gRPC at once: no request fails.
+//! Those in flight on it are retried once on the other worker (their connection closed
+//! before any answer), new ones find it refused and go elsewhere, and passive health ejects
+//! it.
+
+mod common_fleet;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common_fleet::*;
+use tensorgate::grpc::service::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tensorgate::protocol::grpc::pb;
+
+/// Requests each load task sends at most, and how long the load lasts at most.
+const MAX_PER_TASK: usize = 5_000;
+const LOAD_FOR: Duration = Duration::from_millis(2_500);
+
+fn grpc_simple(x: i32) -> pb::ModelInferRequest {
+    let raw: bytes::Bytes = std::iter::repeat_n(x, 16)
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let input = |name: &str| pb::model_infer_request::InferInputTensor {
+        name: name.into(),
+        datatype: "INT32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    pb::ModelInferRequest {
+        model_name: "simple".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![raw.clone(), raw],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_under_stateless_load_fails_no_request() {
+    let mut workers = Worker::start_many(2, &["simple"]).await;
+    let text = gateway_toml(
+        &[
+            (workers[0].name.as_str(), workers[0].url.as_str()),
+            (workers[1].name.as_str(), workers[1].url.as_str()),
+        ],
+        "refresh_interval_ms = 200",
+    )
+    .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    let gw = start_gateway(parse_config(&text)).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move {
+                gw.gateway
+                    .fleet
+                    .catalog()
+                    .get("simple")
+                    .map(|e| e.ready.len())
+                    == Some(2)
+            }
+        })
+        .await,
+        "both workers serve simple"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (stop, served, b) = (stop.clone(), served.clone(), base(&gw));
+        tasks.push(tokio::spawn(async move {
+            let client = http_client();
+            let mut failures = Vec::new();
+            for i in 0..MAX_PER_TASK {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let x = (t * MAX_PER_TASK + i) as i32 % 1000;
+                let r = infer_simple(&client, &b, x).await;
+                if r.status == 200 {
+                    served.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failures.push(format!("REST {}: {:?}", r.status, r.error()));
+                }
+            }
+            failures
+        }));
+    }
+    let grpc_addr = format!("http://{}", gw.grpc_addr.unwrap());
+    for _ in 0..2 {
+        let (stop, served, addr) = (stop.clone(), served.clone(), grpc_addr.clone());
+        tasks.push(tokio::spawn(async move {
+            let channel = tonic::transport::Channel::from_shared(addr)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut c = GrpcInferenceServiceClient::new(channel);
+            let mut failures = Vec::new();
+            for i in 0..MAX_PER_TASK {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match c.model_infer(grpc_simple(i as i32 % 1000)).await {
+                    Ok(_) => {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.push(format!("gRPC {e:?}")),
+                }
+            }
+            failures
+        }));
+    }
+    tokio::time::sleep(LOAD_FOR / 5).await;
+    let before = served.load(Ordering::Relaxed);
+    workers[0].process.kill();
+    tokio::time::sleep(LOAD_FOR * 4 / 5).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for t in tasks {
+        failures.extend(t.await.unwrap());
+    }
+    let after = served.load(Ordering::Relaxed);
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        before > 0 && after > before,
+        "load ran on both sides of the kill: {before} then {after}"
+    );
+    gw.shutdown().await;
+}
