@@ -24,6 +24,14 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/messages/inference.rs"));
 }
 
+/// Decodes a serialized `ModelInferRequest` (what the fuzz target feeds).
+pub fn decode_infer_request_bytes(buf: Bytes, limits: &Limits) -> Result<InferRequest> {
+    use prost::Message;
+    let msg = pb::ModelInferRequest::decode(buf)
+        .map_err(|e| ProtocolError::invalid(format!("invalid ModelInferRequest: {e}")))?;
+    decode_infer_request(msg, limits)
+}
+
 /// Decodes an inference request. Every input carries its data either typed in `contents`
 /// or raw, one `raw_input_contents` entry per input in order; a request mixes neither.
 pub fn decode_infer_request(msg: pb::ModelInferRequest, limits: &Limits) -> Result<InferRequest> {

@@ -1,0 +1,18 @@
+//! Any bytes as a protobuf ModelInferRequest: decoding never panics, and whatever decodes
+//! encodes (raw) and decodes again to the same request.
+#![no_main]
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use tensorgate::protocol::grpc::{decode_infer_request, decode_infer_request_bytes, encode_infer_request};
+use tensorgate::protocol::Limits;
+
+fuzz_target!(|data: &[u8]| {
+    let limits = Limits { max_tensor_elements: 1 << 16, ..Limits::default() };
+    let Ok(req) = decode_infer_request_bytes(Bytes::copy_from_slice(data), &limits) else { return };
+    let again = decode_infer_request(encode_infer_request("m", "", &req), &limits)
+        .expect("a decoded request encodes to a valid one");
+    assert_eq!(again.inputs, req.inputs);
+    assert_eq!(again.outputs, req.outputs);
+    assert_eq!(again.options, req.options);
+});
