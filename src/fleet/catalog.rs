@@ -22,14 +22,7 @@ pub struct CatalogEntry {
     pub history: Vec<PastTable>,
 }
 
-/// A hash table that stopped being current less than a sequence idle timeout ago.
-#[derive(Clone)]
-pub struct PastTable {
-    /// The member keys, by table index.
-    pub members: Arc<[String]>,
-    pub table: Arc<SequenceTable>,
-    pub replaced_at: Instant,
-}
+pub use crate::routing::table::PastTable;
 
 /// At most this many past tables per model: a rolling update changes membership once per
 /// backend, and each past owner may cost a rejected attempt on a request's path.
@@ -45,6 +38,17 @@ pub struct HistoryWindow {
 #[derive(Clone, Default)]
 pub struct Catalog {
     pub models: BTreeMap<String, CatalogEntry>,
+}
+
+impl CatalogEntry {
+    /// The model's backends as the router sees them.
+    pub fn choices(&self) -> crate::routing::Choices<'_, BackendHandle> {
+        crate::routing::Choices {
+            ready: &self.ready,
+            table: &self.table,
+            history: &self.history,
+        }
+    }
 }
 
 impl Catalog {
@@ -152,6 +156,8 @@ fn signature(ready: &[Arc<BackendHandle>]) -> Vec<(String, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::SequenceId;
+    use crate::routing::{sequence_key, Router};
 
     const SIZE: usize = 65_537;
 
@@ -227,5 +233,79 @@ mod tests {
         assert_eq!(history.len(), MAX_HISTORY);
         let sizes: Vec<usize> = history.iter().map(|t| t.members.len()).collect();
         assert_eq!(sizes, [6, 5, 4, 3]);
+    }
+
+    fn options(id: u64, start: bool) -> crate::protocol::RequestOptions {
+        crate::protocol::RequestOptions {
+            sequence_id: Some(SequenceId::Uint(id)),
+            sequence_start: start,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_unpinned_sequence_falls_back_to_its_owners_before_a_join() {
+        let t0 = Instant::now();
+        let window = |secs| HistoryWindow {
+            keep: Duration::from_secs(300),
+            now: t0 + Duration::from_secs(secs),
+        };
+        let all = handles(&["http://a", "http://b", "http://c", "http://d"]);
+        let before = Catalog::build(&all[..3], &Catalog::default(), SIZE, window(0));
+        let after = Catalog::build(&all, &before, SIZE, window(1));
+        let (old, new) = (before.get("m").unwrap(), after.get("m").unwrap());
+        let owner = |e: &CatalogEntry, id: u64| {
+            e.ready[e
+                .table
+                .lookup(sequence_key("m", &SequenceId::Uint(id)))
+                .unwrap()]
+            .key
+            .clone()
+        };
+        let moved = (1..1000u64)
+            .find(|id| owner(old, *id) != owner(new, *id))
+            .expect("a join moves some keys");
+        let stayed = (1..1000u64)
+            .find(|id| owner(old, *id) == owner(new, *id))
+            .expect("most keys stay");
+
+        let router = Router::new(100, Duration::from_secs(300));
+        let route = router
+            .route(new.choices(), "m", &options(moved, false), None)
+            .unwrap();
+        assert_eq!(route.backend.key, owner(new, moved));
+        let fallbacks: Vec<&str> = route.fallbacks.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(fallbacks, [owner(old, moved).as_str()]);
+
+        // A key that did not move, a start, and a pinned sequence have nothing to fall back to.
+        assert!(router
+            .route(new.choices(), "m", &options(stayed, false), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+        let other = moved + 1_000_000;
+        assert!(router
+            .route(new.choices(), "m", &options(other, true), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+        assert!(router
+            .route(new.choices(), "m", &options(moved, false), None)
+            .unwrap()
+            .fallbacks
+            .is_empty());
+
+        // Once the window has passed, the hash alone decides.
+        let later = Catalog::build(&all, &after, SIZE, window(301));
+        let fresh = Router::new(100, Duration::from_secs(300));
+        let route = fresh
+            .route(
+                later.get("m").unwrap().choices(),
+                "m",
+                &options(moved, false),
+                None,
+            )
+            .unwrap();
+        assert!(route.fallbacks.is_empty());
     }
 }

@@ -83,6 +83,21 @@ pub struct BackendHandle {
     failed_checks: AtomicU32,
 }
 
+impl crate::routing::Candidate for BackendHandle {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn weight(&self) -> u32 {
+        self.weight
+    }
+    fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+    fn is_ejected(&self) -> bool {
+        self.health.is_ejected()
+    }
+}
+
 impl BackendHandle {
     pub fn capabilities(&self) -> Capabilities {
         self.state.load().capabilities

@@ -4,16 +4,34 @@
 pub mod pins;
 pub mod table;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::error::GatewayError;
-use crate::fleet::{BackendHandle, CatalogEntry};
 use crate::protocol::{RequestOptions, SequenceId};
 use pins::PinTable;
+use table::{PastTable, SequenceTable};
+
+/// What routing needs to know of a backend. The fleet's handles provide it; routing never
+/// reaches up into the fleet.
+pub trait Candidate {
+    /// Identity for hashing and pins: the same on every replica.
+    fn key(&self) -> &str;
+    fn weight(&self) -> u32;
+    /// Requests sent and not yet answered.
+    fn outstanding(&self) -> usize;
+    fn is_ejected(&self) -> bool;
+}
+
+/// A model's backends as routing sees them: those that report it ready, its current
+/// sequence table over them, and its past tables.
+pub struct Choices<'a, C> {
+    pub ready: &'a [Arc<C>],
+    pub table: &'a SequenceTable,
+    pub history: &'a [PastTable],
+}
 
 /// The hash seed is fixed: replicas must agree, so nothing here may vary per process.
 const SEED: u64 = 0x7465_6e73_6f72_6761;
@@ -39,18 +57,15 @@ pub fn describe_sequence(id: &SequenceId) -> String {
 /// if every one is ejected, rather than failing outright). The two candidates are drawn in
 /// proportion to their weights and compared by outstanding requests per unit of weight, so
 /// weights hold both when idle (the first draw wins ties) and under load.
-pub fn pick_by_load(
-    candidates: &[Arc<BackendHandle>],
-    exclude: Option<&str>,
-) -> Option<Arc<BackendHandle>> {
-    let usable: Vec<&Arc<BackendHandle>> = candidates
+pub fn pick_by_load<C: Candidate>(candidates: &[Arc<C>], exclude: Option<&str>) -> Option<Arc<C>> {
+    let usable: Vec<&Arc<C>> = candidates
         .iter()
-        .filter(|h| Some(h.key.as_str()) != exclude && !h.health.is_ejected())
+        .filter(|h| Some(h.key()) != exclude && !h.is_ejected())
         .collect();
     let usable = if usable.is_empty() {
         candidates
             .iter()
-            .filter(|h| Some(h.key.as_str()) != exclude)
+            .filter(|h| Some(h.key()) != exclude)
             .collect()
     } else {
         usable
@@ -60,8 +75,7 @@ pub fn pick_by_load(
         1 => Some(usable[0].clone()),
         _ => {
             let (a, b) = two_by_weight(&usable);
-            let load =
-                |h: &BackendHandle| h.outstanding.load(Ordering::Relaxed) as f64 / h.weight as f64;
+            let load = |h: &C| h.outstanding() as f64 / h.weight().max(1) as f64;
             Some(if load(usable[b]) < load(usable[a]) {
                 usable[b].clone()
             } else {
@@ -73,9 +87,9 @@ pub fn pick_by_load(
 
 /// Two distinct indices of `usable` (at least two long), each drawn with probability
 /// proportional to weight (the second among the rest).
-fn two_by_weight(usable: &[&Arc<BackendHandle>]) -> (usize, usize) {
+fn two_by_weight<C: Candidate>(usable: &[&Arc<C>]) -> (usize, usize) {
     let n = usable.len();
-    if usable.iter().all(|h| h.weight == usable[0].weight) {
+    if usable.iter().all(|h| h.weight() == usable[0].weight()) {
         let a = fastrand::usize(..n);
         let mut b = fastrand::usize(..n - 1);
         if b >= a {
@@ -83,7 +97,7 @@ fn two_by_weight(usable: &[&Arc<BackendHandle>]) -> (usize, usize) {
         }
         return (a, b);
     }
-    let weight = |i: usize| u64::from(usable[i].weight.max(1));
+    let weight = |i: usize| u64::from(usable[i].weight().max(1));
     let total: u64 = (0..n).map(weight).sum();
     let draw = |skip: Option<usize>, total: u64| {
         let mut r = fastrand::u64(..total);
@@ -100,15 +114,15 @@ fn two_by_weight(usable: &[&Arc<BackendHandle>]) -> (usize, usize) {
 }
 
 /// Where a request goes.
-pub struct Route {
-    pub backend: Arc<BackendHandle>,
+pub struct Route<C> {
+    pub backend: Arc<C>,
     /// For a request inside a sequence that this replica has no pin for, routed by the
     /// hash: the owners of the sequence under the model's past tables (newest first) that
     /// are still ready. After a membership change, a sequence that started under an older
     /// table lives on its owner there. Another replica would have pinned it, but this one
     /// cannot tell, so a backend that rejects the request as an unknown sequence (a 400,
     /// which changes no state) is followed by these, in order.
-    pub fallbacks: Vec<Arc<BackendHandle>>,
+    pub fallbacks: Vec<Arc<C>>,
 }
 
 pub struct Router {
@@ -123,15 +137,15 @@ impl Router {
     }
 
     /// The backend for a request. `exclude` names a backend that just refused a connection.
-    pub fn route(
+    pub fn route<C: Candidate>(
         &self,
-        entry: &CatalogEntry,
+        entry: Choices<'_, C>,
         model: &str,
         opts: &RequestOptions,
         exclude: Option<&str>,
-    ) -> Result<Route, GatewayError> {
+    ) -> Result<Route<C>, GatewayError> {
         let Some(id) = &opts.sequence_id else {
-            let backend = pick_by_load(&entry.ready, exclude).ok_or_else(|| no_backend(model))?;
+            let backend = pick_by_load(entry.ready, exclude).ok_or_else(|| no_backend(model))?;
             return Ok(Route {
                 backend,
                 fallbacks: Vec::new(),
@@ -140,7 +154,7 @@ impl Router {
         if !opts.sequence_start {
             if let Some(pinned) = self.pins.get(model, id) {
                 // A pinned sequence goes to its backend or nowhere: its state lives there.
-                return match entry.ready.iter().find(|h| h.key == pinned) {
+                return match entry.ready.iter().find(|h| h.key() == pinned) {
                     Some(h) => {
                         if opts.sequence_end {
                             self.pins.remove(model, id);
@@ -168,16 +182,15 @@ impl Router {
             .lookup(key)
             .map(|i| entry.ready[i].clone())
             .ok_or_else(|| no_backend(model))?;
-        let chosen = if opts.sequence_start
-            && (owner.health.is_ejected() || Some(owner.key.as_str()) == exclude)
+        let chosen = if opts.sequence_start && (owner.is_ejected() || Some(owner.key()) == exclude)
         {
             // A new sequence need not go to an ejected owner; pick by a fallback hash
             // so that this replica's choice is still stable.
             entry
                 .ready
                 .iter()
-                .filter(|h| !h.health.is_ejected() && Some(h.key.as_str()) != exclude)
-                .max_by_key(|h| xxh3_64_with_seed(h.key.as_bytes(), key))
+                .filter(|h| !h.is_ejected() && Some(h.key()) != exclude)
+                .max_by_key(|h| xxh3_64_with_seed(h.key().as_bytes(), key))
                 .cloned()
                 .unwrap_or(owner)
         } else {
@@ -186,9 +199,9 @@ impl Router {
         let fallbacks = if opts.sequence_start {
             Vec::new()
         } else {
-            past_owners(entry, key, &chosen.key)
+            past_owners(&entry, key, chosen.key())
         };
-        self.pin(model, opts, &chosen);
+        self.pin(model, opts, chosen.as_ref());
         Ok(Route {
             backend: chosen,
             fallbacks,
@@ -204,11 +217,11 @@ impl Router {
 
     /// Pins a sequence's request to `backend` (after the hash chose it, or after a fallback
     /// found the sequence there); its last request leaves no pin.
-    pub fn pin(&self, model: &str, opts: &RequestOptions, backend: &BackendHandle) {
+    pub fn pin<C: Candidate>(&self, model: &str, opts: &RequestOptions, backend: &C) {
         let Some(id) = &opts.sequence_id else { return };
         if opts.sequence_end {
             self.pins.remove(model, id);
-        } else if !self.pins.insert(model, id, &backend.key) {
+        } else if !self.pins.insert(model, id, backend.key()) {
             tracing::warn!(model, "sequence pin table is full; routing by hash alone");
         }
     }
@@ -220,16 +233,16 @@ fn no_backend(model: &str) -> GatewayError {
 
 /// The distinct owners of `key` under `entry`'s past tables that are ready now, other than
 /// `current`, newest table first.
-fn past_owners(entry: &CatalogEntry, key: u64, current: &str) -> Vec<Arc<BackendHandle>> {
-    let mut owners: Vec<Arc<BackendHandle>> = Vec::new();
-    for past in &entry.history {
+fn past_owners<C: Candidate>(entry: &Choices<'_, C>, key: u64, current: &str) -> Vec<Arc<C>> {
+    let mut owners: Vec<Arc<C>> = Vec::new();
+    for past in entry.history {
         let Some(member) = past.table.lookup(key).and_then(|i| past.members.get(i)) else {
             continue;
         };
-        if member == current || owners.iter().any(|h| &h.key == member) {
+        if member == current || owners.iter().any(|h| h.key() == member) {
             continue;
         }
-        if let Some(h) = entry.ready.iter().find(|h| &h.key == member) {
+        if let Some(h) = entry.ready.iter().find(|h| h.key() == member) {
             owners.push(h.clone());
         }
     }
@@ -243,17 +256,41 @@ const GOLDEN_STRING: u64 = 5227969456568744064;
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::fleet::{Catalog, HistoryWindow};
     use crate::protocol::RequestOptions;
 
-    const SIZE: usize = 65_537;
+    struct Backend {
+        key: String,
+        weight: u32,
+        outstanding: AtomicUsize,
+    }
 
-    fn handles(keys: &[(&str, u32)]) -> Vec<Arc<BackendHandle>> {
+    impl Candidate for Backend {
+        fn key(&self) -> &str {
+            &self.key
+        }
+        fn weight(&self) -> u32 {
+            self.weight
+        }
+        fn outstanding(&self) -> usize {
+            self.outstanding.load(Ordering::Relaxed)
+        }
+        fn is_ejected(&self) -> bool {
+            false
+        }
+    }
+
+    fn handles(keys: &[(&str, u32)]) -> Vec<Arc<Backend>> {
         keys.iter()
-            .map(|(k, w)| Arc::new(BackendHandle::for_test(k, *w, &["m"])))
+            .map(|(k, w)| {
+                Arc::new(Backend {
+                    key: k.to_string(),
+                    weight: *w,
+                    outstanding: AtomicUsize::new(0),
+                })
+            })
             .collect()
     }
 
@@ -294,7 +331,8 @@ mod tests {
         for _ in 0..200 {
             let pick = pick_by_load(&backends, None).unwrap();
             assert_ne!(
-                pick.key, "http://other",
+                pick.key(),
+                "http://other",
                 "the most loaded per unit is never picked"
             );
         }
@@ -308,76 +346,10 @@ mod tests {
     }
 
     #[test]
-    fn an_unpinned_sequence_falls_back_to_its_owners_before_a_join() {
-        let t0 = Instant::now();
-        let window = |secs| HistoryWindow {
-            keep: Duration::from_secs(300),
-            now: t0 + Duration::from_secs(secs),
-        };
-        let all = handles(&[
-            ("http://a", 1),
-            ("http://b", 1),
-            ("http://c", 1),
-            ("http://d", 1),
-        ]);
-        let before = Catalog::build(&all[..3], &Catalog::default(), SIZE, window(0));
-        let after = Catalog::build(&all, &before, SIZE, window(1));
-        let (old, new) = (before.get("m").unwrap(), after.get("m").unwrap());
-        let owner = |e: &CatalogEntry, id: u64| {
-            e.ready[e
-                .table
-                .lookup(sequence_key("m", &SequenceId::Uint(id)))
-                .unwrap()]
-            .key
-            .clone()
-        };
-        let moved = (1..1000u64)
-            .find(|id| owner(old, *id) != owner(new, *id))
-            .expect("a join moves some keys");
-        let stayed = (1..1000u64)
-            .find(|id| owner(old, *id) == owner(new, *id))
-            .expect("most keys stay");
-
-        let router = Router::new(100, Duration::from_secs(300));
-        let route = router
-            .route(new, "m", &options(moved, false), None)
-            .unwrap();
-        assert_eq!(route.backend.key, owner(new, moved));
-        let fallbacks: Vec<&str> = route.fallbacks.iter().map(|h| h.key.as_str()).collect();
-        assert_eq!(fallbacks, [owner(old, moved).as_str()]);
-
-        // A key that did not move, a start, and a pinned sequence have nothing to fall back to.
-        assert!(router
-            .route(new, "m", &options(stayed, false), None)
-            .unwrap()
-            .fallbacks
-            .is_empty());
-        let other = moved + 1_000_000;
-        assert!(router
-            .route(new, "m", &options(other, true), None)
-            .unwrap()
-            .fallbacks
-            .is_empty());
-        assert!(router
-            .route(new, "m", &options(moved, false), None)
-            .unwrap()
-            .fallbacks
-            .is_empty());
-
-        // Once the window has passed, the hash alone decides.
-        let later = Catalog::build(&all, &after, SIZE, window(301));
-        let fresh = Router::new(100, Duration::from_secs(300));
-        let route = fresh
-            .route(later.get("m").unwrap(), "m", &options(moved, false), None)
-            .unwrap();
-        assert!(route.fallbacks.is_empty());
-    }
-
-    #[test]
     fn pin_and_unpin_follow_the_fallback() {
         let backends = handles(&[("http://a", 1), ("http://b", 1)]);
         let router = Router::new(100, Duration::from_secs(300));
-        router.pin("m", &options(5, false), &backends[1]);
+        router.pin("m", &options(5, false), backends[1].as_ref());
         assert_eq!(
             router.pins.get("m", &SequenceId::Uint(5)).as_deref(),
             Some("http://b")
@@ -386,7 +358,7 @@ mod tests {
         assert_eq!(router.pins.get("m", &SequenceId::Uint(5)), None);
         let mut end = options(6, false);
         end.sequence_end = true;
-        router.pin("m", &end, &backends[0]);
+        router.pin("m", &end, backends[0].as_ref());
         assert_eq!(
             router.pins.get("m", &SequenceId::Uint(6)),
             None,

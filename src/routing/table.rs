@@ -14,7 +14,19 @@
 //! joins or leaves, instead of the O(buckets × members) of a full build, and gives exactly
 //! what `new` would.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// A hash table that stopped being current less than a sequence idle timeout ago.
+#[derive(Clone)]
+pub struct PastTable {
+    /// The member keys, by table index.
+    pub members: Arc<[String]>,
+    pub table: Arc<SequenceTable>,
+    pub replaced_at: Instant,
+}
 
 /// The default table size (`fleet.hash_table_size`). The size is fixed rather than grown
 /// with the fleet: a table of another size is a different table, so crossing a size step

@@ -9,17 +9,19 @@ error, the gRPC message must be the REST one, word for word."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
+import subprocess
 import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import grpc
-import ml_dtypes
 import numpy as np
 import pytest
 import requests
@@ -163,9 +165,9 @@ class StreamCollector:
         client.start_stream(callback=lambda result, error: self.results.put((result, error)),
                             headers=headers)
 
-    def take(self, n: int):
+    def take(self, n: int, timeout_s: float = WAIT_S):
         out = []
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + timeout_s
         for _ in range(n):
             out.append(self.results.get(timeout=max(0.1, deadline - time.monotonic())))
         return out
@@ -448,6 +450,14 @@ def test_identity_empty_tensor(grpc_builtin, shape):
     assert result.as_numpy("OUTPUT0").shape == shape
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(grpc_builtin, algorithm):
+    """tritonclient's compression_algorithm, which Triton's gRPC server accepts."""
+    a, b = util.simple_operands(78, batch=2)
+    result = grpc_builtin.infer("simple", simple_grpc(a, b), compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
 # ---------------------------------------------------------------- classification
 
 
@@ -617,6 +627,14 @@ def _contents_errors():
 def test_contents_errors(raw_builtin, case):
     _, model, inputs, raw, message = case
     rpc_error(lambda: raw_builtin.infer(raw_request(model, inputs, raw=raw)), grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_malformed_message_is_a_client_error(raw_builtin):
+    """Bytes that are no ModelInferRequest are the client's fault, like a REST body that is
+    not JSON (400): INVALID_ARGUMENT, not INTERNAL (the gateway's fault)."""
+    call = raw_builtin.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                           request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    rpc_error(lambda: call(b"\xff\xff\xff\xff", timeout=10), grpc.StatusCode.INVALID_ARGUMENT)
 
 
 # ---------------------------------------------------------------- metadata: request id, backend
@@ -1219,10 +1237,33 @@ def test_message_over_max_body_bytes(limits_gateway):
         small = np.arange(50, dtype=np.uint8).reshape(1, 50)
         assert bits(client.infer("identity_uint8", [grpc_input("INPUT0", small, "UINT8")]).as_numpy("OUTPUT0")) == bits(small)
         big = np.zeros((1, 1200), dtype=np.uint8)
-        e = grpc_error(lambda: client.infer("identity_uint8", [grpc_input("INPUT0", big, "UINT8")]),
-                       "RESOURCE_EXHAUSTED")
-        assert "1000" in e.message(), e.message()
+        grpc_error(lambda: client.infer("identity_uint8", [grpc_input("INPUT0", big, "UINT8")]), "RESOURCE_EXHAUSTED",
+                   "the request message is larger than the limit of 1000 bytes (limits.max_body_bytes)")
     finally:
+        client.close()
+
+
+def test_stream_message_over_max_body_bytes(limits_gateway):
+    """A message over the limit on a stream gets the same answer as a unary one: the
+    stream may end there (its framing is not read further), but not silently."""
+    client = grpcclient.InferenceServerClient(limits_gateway.grpc_url)
+    stream = StreamCollector(client)
+    try:
+        small = np.arange(10, dtype=np.uint8).reshape(1, 10)
+        stream.client.async_stream_infer("identity_uint8", [grpc_input("INPUT0", small, "UINT8")], request_id="ok")
+        [(result, error)] = stream.take(1)
+        assert error is None and result.get_response().id == "ok", error
+        big = np.zeros((1, 1200), dtype=np.uint8)
+        stream.client.async_stream_infer("identity_uint8", [grpc_input("INPUT0", big, "UINT8")], request_id="big")
+        try:
+            [(result, error)] = stream.take(1, timeout_s=5.0)
+        except queue.Empty:
+            raise AssertionError("no answer for the message over the limit: the stream ended silently") from None
+        assert result is None and error is not None
+        assert (error.status(), error.message()) == (
+            "StatusCode.RESOURCE_EXHAUSTED", "the request message is larger than the limit of 1000 bytes (limits.max_body_bytes)")
+    finally:
+        stream.close()
         client.close()
 
 
@@ -1245,9 +1286,8 @@ def test_tensor_over_max_elements_as_over_rest(limits_gateway):
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    import os
-    import subprocess
-    from pathlib import Path
+    """A CA, a server certificate for localhost and a client certificate (test_pki, as in
+    test_tls.py)."""
     tool = Path(os.environ.get("TG_TEST_PKI_BIN", REPO_ROOT / "target" / "debug" / "examples" / "test_pki"))
     if not tool.exists():
         pytest.fail(f"{tool} is not built: run cargo build --examples")

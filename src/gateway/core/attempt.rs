@@ -26,6 +26,8 @@ use crate::protocol::{
 };
 use crate::routing::Route;
 
+type BackendRoute = Route<BackendHandle>;
+
 pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
 /// Backend error bodies are read up to this size.
@@ -99,7 +101,10 @@ impl Attempt<'_> {
         let mut refused: Option<String> = None;
         let mut refusal: Option<GatewayError> = None;
         loop {
-            let route = match gw.router.route(entry, model, options, refused.as_deref()) {
+            let route = match gw
+                .router
+                .route(entry.choices(), model, options, refused.as_deref())
+            {
                 Ok(r) => r,
                 // The backend that failed was the only one: its error is the answer.
                 Err(e) => {
@@ -166,7 +171,7 @@ impl Attempt<'_> {
     /// rejection is the answer.
     async fn fall_back(
         &self,
-        route: Route,
+        route: BackendRoute,
         first: Failure,
         labels: &Labels,
         obs: &mut Observation,
@@ -182,7 +187,7 @@ impl Attempt<'_> {
             obs.retried_from = Some(route.backend.name.clone());
             match self.on(past_owner, labels, obs).await {
                 Ok(response) => {
-                    router.pin(self.model, &self.req.options, past_owner);
+                    router.pin(self.model, &self.req.options, past_owner.as_ref());
                     return Ok(response);
                 }
                 Err(f) if f.rejected => continue,
