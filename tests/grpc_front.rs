@@ -820,3 +820,70 @@ async fn grpc_health_follows_readiness() {
     assert_eq!(r.status, ServingStatus::NotServing as i32);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
+    use futures_util::StreamExt;
+    let (gw, mut c) = start(config(&[], "[limits]\nmax_body_bytes = 4096\n")).await;
+    // Not protobuf: one gRPC frame of garbage, sent by a plain HTTP/2 client.
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<Bytes>>();
+    let garbage = [0xff_u8; 7];
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(garbage.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&garbage);
+    let req = http::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/ModelInfer",
+        gw.grpc_addr.unwrap()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(http_body_util::Full::new(Bytes::from(frame)))
+    .unwrap();
+    let response = http2.request(req).await.unwrap();
+    let status =
+        tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("the request message is not valid: failed to decode Protobuf message"),
+        "{status:?}"
+    );
+
+    // On a stream: the messages before the oversized one are answered, then the stream ends
+    // with RESOURCE_EXHAUSTED.
+    let messages = vec![
+        simple(&[1; 16], &[1; 16]),
+        simple(&[0; 1000], &[0; 1000]),
+        simple(&[2; 16], &[2; 16]),
+    ];
+    let answers: Vec<Result<pb::ModelStreamInferResponse, tonic::Status>> = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.model_stream_infer(futures_util::stream::iter(messages))
+            .await
+            .unwrap()
+            .into_inner()
+            .collect(),
+    )
+    .await
+    .expect("the stream ends");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let first = answers[0]
+        .as_ref()
+        .unwrap()
+        .infer_response
+        .as_ref()
+        .unwrap();
+    assert_eq!(i32s(output(first, "OUTPUT0"))[0], 2);
+    let e = answers[1].as_ref().unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (
+            Code::ResourceExhausted,
+            "the request message is larger than the limit of 4096 bytes (limits.max_body_bytes)"
+        )
+    );
+    gw.shutdown().await;
+}

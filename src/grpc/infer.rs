@@ -275,19 +275,25 @@ impl SequenceOrder {
 pub fn stream(
     gw: Arc<Gateway>,
     req: Request<tonic::Streaming<pb::ModelInferRequest>>,
+    max_message: usize,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
     let ctx = RpcContext::from_metadata(req.metadata());
     let incoming = req.into_inner();
     let order = Arc::new(SequenceOrder::default());
     let answers = incoming
-        // A broken or cancelled client stream ends ours; what is in flight is dropped with it.
-        .take_while(|m| std::future::ready(m.is_ok()))
-        .filter_map(|m| std::future::ready(m.ok()))
-        .map(move |msg| {
+        .map(move |m| {
             let gw = gw.clone();
             let ctx = ctx.clone();
-            let turn = sequence_key(&msg).map(|k| order.enter(k));
+            let turn = m
+                .as_ref()
+                .ok()
+                .and_then(sequence_key)
+                .map(|k| order.enter(k));
             async move {
+                // A message that could not be read (too large, not protobuf) ends the stream
+                // with its status: what follows it on the wire cannot be trusted either.
+                let msg =
+                    m.map_err(|status| super::routes::as_client_error(status, max_message))?;
                 let (wait, done) = match turn {
                     Some((wait, done)) => (wait, Some(done)),
                     None => (None, None),
@@ -300,7 +306,18 @@ pub fn stream(
                 Ok(answer)
             }
         })
-        .buffered(STREAM_CONCURRENCY);
+        .buffered(STREAM_CONCURRENCY)
+        // Nothing after the first error: the stream ends with it.
+        .scan(
+            false,
+            |ended, item: Result<pb::ModelStreamInferResponse, Status>| {
+                let out = (!*ended).then(|| {
+                    *ended = item.is_err();
+                    item
+                });
+                std::future::ready(out)
+            },
+        );
     Box::pin(answers)
 }
 

@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
 use crate::gateway::core::lookup;
@@ -35,14 +36,23 @@ use service::grpc_inference_service_server::{GrpcInferenceService, GrpcInference
 /// The whole gRPC listener's service: inference and health, on one port.
 pub fn grpc_service(gw: Arc<Gateway>) -> GrpcRoutes {
     let max = gw.config().limits.max_body_bytes;
-    let inference = GrpcInferenceServiceServer::new(GrpcFront { gw: gw.clone() })
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(usize::MAX);
+    // Compressed requests are accepted, as Triton does; answers go uncompressed (the CPU is
+    // better spent elsewhere, and clients on a LAN rarely want it).
+    let inference = GrpcInferenceServiceServer::new(GrpcFront {
+        gw: gw.clone(),
+        max_message: max,
+    })
+    .max_decoding_message_size(max)
+    .max_encoding_message_size(usize::MAX)
+    .accept_compressed(CompressionEncoding::Gzip)
+    .accept_compressed(CompressionEncoding::Deflate);
     GrpcRoutes::new(inference, health::service(gw), max)
 }
 
 pub struct GrpcFront {
     gw: Arc<Gateway>,
+    /// `limits.max_body_bytes`, for the words of a too-large message's refusal.
+    max_message: usize,
 }
 
 fn unimplemented(what: &str) -> Status {
@@ -153,7 +163,11 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         self.authorize(&req)?;
-        Ok(Response::new(infer::stream(self.gw.clone(), req)))
+        Ok(Response::new(infer::stream(
+            self.gw.clone(),
+            req,
+            self.max_message,
+        )))
     }
 
     async fn model_config(

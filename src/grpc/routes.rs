@@ -38,24 +38,37 @@ impl GrpcRoutes {
     }
 }
 
-/// tonic refuses a message over its decoding limit with OUT_OF_RANGE before any handler
-/// sees it; for a client that is a request too large, RESOURCE_EXHAUSTED, as for every
-/// other limit of the gateway, in the gateway's words.
-fn too_large_is_resource_exhausted(response: Response<Body>, max: usize) -> Response<Body> {
-    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
-        return response;
-    };
-    if status.code() != tonic::Code::OutOfRange
-        || !status
-            .message()
-            .starts_with("Error, decoded message length too large")
-    {
-        return response;
+/// tonic refuses some requests before any handler sees them: a message over its decoding
+/// limit (OUT_OF_RANGE) and one that is not protobuf (INTERNAL). Both are the client's
+/// doing: RESOURCE_EXHAUSTED, as for every other limit of the gateway, and INVALID_ARGUMENT.
+pub(super) fn as_client_error(status: tonic::Status, max: usize) -> tonic::Status {
+    let message = status.message();
+    match status.code() {
+        tonic::Code::OutOfRange if message.starts_with("Error, decoded message length too large") => {
+            tonic::Status::resource_exhausted(format!(
+                "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
+            ))
+        }
+        tonic::Code::Internal if message.starts_with("failed to decode Protobuf message") => {
+            tonic::Status::invalid_argument(format!("the request message is not valid: {message}"))
+        }
+        _ => status,
     }
-    tonic::Status::resource_exhausted(format!(
-        "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
-    ))
-    .into_http()
+}
+
+/// The same, for a refusal tonic answered as a whole (trailers-only) response.
+fn client_errors_as_such(response: Response<Body>, max: usize) -> Response<Body> {
+    match tonic::Status::from_header_map(response.headers()) {
+        Some(status) if status.code() != tonic::Code::Ok => {
+            let mapped = as_client_error(status.clone(), max);
+            if mapped.code() == status.code() {
+                response
+            } else {
+                mapped.into_http()
+            }
+        }
+        _ => response,
+    }
 }
 
 /// `/<service>/<method>` names its service.
@@ -83,7 +96,7 @@ where
             let (svc, max) = (self.inference.clone(), self.max_message);
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
-                Ok(too_large_is_resource_exhausted(response, max))
+                Ok(client_errors_as_such(response, max))
             })
         } else if service == <HealthServer as NamedService>::NAME {
             let svc = self.health.clone();
