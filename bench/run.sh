@@ -43,7 +43,7 @@ start_bg() { NPROC=$((NPROC + 1)); "$@" > "$OUT/process-$NPROC.log" 2>&1 & PIDS+
 W=$(free_port); start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 1 "$BIN" worker --listen 127.0.0.1:$W
 WORKER_PID=$LAST
 G=$(free_port); GM=$(free_port)
-start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --metrics-listen 127.0.0.1:$GM --backend http://127.0.0.1:$W
+start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --grpc-listen "" --listen 127.0.0.1:$G --metrics-listen 127.0.0.1:$GM --backend http://127.0.0.1:$W
 GW_PID=$LAST
 N=$(free_port); NH=$(free_port)
 mkdir -p "$OUT/nginx"
@@ -141,7 +141,7 @@ start_bg env MLSERVER_HTTP_PORT=$MLS MLSERVER_GRPC_PORT=$(free_port) MLSERVER_ME
   MLSERVER_PARALLEL_WORKERS=0 MLSERVER_HOST=127.0.0.1 taskset -c 1 .venv/bin/mlserver start "$MLDIR"
 for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$MLS/v2/models/simple/ready" >/dev/null 2>&1 && break; sleep 0.2; done
 G2=$(free_port)
-start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G2 --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$MLS
+start_bg env TOKIO_WORKER_THREADS=1 RUST_LOG=warn taskset -c 0 "$BIN" serve --grpc-listen "" --listen 127.0.0.1:$G2 --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$MLS
 wait_ready "http://127.0.0.1:$G2/v2/models/simple/ready"
 MLRES=$(.venv/bin/python bench/mlserver_e2e.py 127.0.0.1:$MLS 127.0.0.1:$G2 "$DUR")
 echo "   $MLRES"
@@ -170,7 +170,21 @@ echo "== 6. sequence hash quality (the sequence table at the default size, 1M ke
 hash_quality() { cargo run --release --locked -q --example hash_quality > "$OUT/hash_quality.jsonl" 2> "$OUT/hash_quality.log"; }
 step hash_quality hash_quality
 
+# The gRPC front against the REST front: its own gateway and load generator (h2load).
+GRPC_SECTION=$OUT/grpc_section.md
+if ! TENSORGATE_BIN=$BIN bench/grpc_vs_rest.sh "$DUR" > "$GRPC_SECTION" 2> "$OUT/grpc_vs_rest.err"; then
+  echo "grpc_vs_rest $?" >> "$OUT/failed.txt"
+  echo "== step grpc_vs_rest failed (bench/out/grpc_vs_rest.err)" >&2
+fi
 .venv/bin/python bench/render.py "$OUT" "$DUR" "$IDLE_RSS_KB" "$PEAK_RSS_KB" "$MLRES" > BENCHMARKS.md
+{
+  echo
+  echo "## gRPC front against REST front"
+  echo
+  echo "\`bench/grpc_vs_rest.sh $DUR\`, in the same run."
+  echo
+  cat "$GRPC_SECTION"
+} >> BENCHMARKS.md
 echo "== wrote BENCHMARKS.md"
 if [ "$FAILED" -ne 0 ]; then
   echo "== some steps failed:" >&2

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use tensorgate::protocol::json_data::count_elements;
+use tensorgate::protocol::rest::json_data::count_elements;
 use tensorgate::protocol::{
     decode_request, encode_request, encode_response, DataType, InferResponse, Limits, Parameters,
     RequestBody, Tensor,

@@ -887,3 +887,79 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
     );
     gw.shutdown().await;
 }
+
+/// SIGTERM's path: readiness turns NOT_SERVING first (during `shutdown_delay_ms` new calls
+/// are still taken), then GOAWAY; the RPC and the stream in flight finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
+    use futures_util::StreamExt;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(800))).await;
+    let extra = "[limits]\nshutdown_delay_ms = 400\n";
+    let (gw, c) = start(config(&[("slow", slow.url.as_str())], extra)).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("m").is_some() }
+        })
+        .await
+    );
+    let grpc_addr = gw.grpc_addr.unwrap();
+    let m = || pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![input("INPUT0", "FP32", &[2])],
+        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    };
+    let unary = tokio::spawn({
+        let mut c = c.clone();
+        let req = m();
+        async move { c.model_infer(req).await }
+    });
+    let stream = tokio::spawn({
+        let mut c = c.clone();
+        let req = m();
+        async move {
+            let answers = c
+                .model_stream_infer(futures_util::stream::iter(vec![req]))
+                .await?
+                .into_inner();
+            Ok::<_, tonic::Status>(answers.collect::<Vec<_>>().await)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let shutdown = tokio::spawn(gw.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let channel = Channel::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("new connections are taken during shutdown_delay_ms");
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    let r = unary.await.unwrap().expect("the RPC in flight finishes");
+    assert_eq!(r.get_ref().outputs.len(), 1);
+    let answers = stream
+        .await
+        .unwrap()
+        .expect("the stream in flight finishes");
+    assert_eq!(answers.len(), 1);
+    assert!(
+        answers[0].as_ref().unwrap().infer_response.is_some(),
+        "{answers:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), shutdown)
+        .await
+        .expect("the shutdown completes")
+        .unwrap();
+    assert_eq!(slow.infers(), 2);
+}

@@ -1,7 +1,7 @@
 //! The JSON tensor-data scanner: never a panic, and counting agrees with parsing.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tensorgate::protocol::json_data::{count_elements, parse_data};
+use tensorgate::protocol::rest::json_data::{count_elements, parse_data};
 use tensorgate::protocol::DataType;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,7 +14,7 @@ use crate::gateway::core::{self, InferContext, Original, Outcome};
 use crate::gateway::observe::{Observation, Phase};
 use crate::gateway::{Gateway, REQUEST_ID};
 use crate::protocol::{
-    decode::parse_header_length, decode_request, encode_response, expand_raw, InferRequest,
+    decode_request, encode_response, expand_raw, rest::decode::parse_header_length, InferRequest,
     InferResponse, RequestBody, HEADER_CONTENT_LENGTH,
 };
 

@@ -155,8 +155,15 @@ impl SequenceTable {
         };
         let kept: Vec<Option<usize>> = members.iter().map(|(k, w)| old_index(k, *w)).collect();
         let joined = kept.iter().filter(|k| k.is_none()).count();
-        let left = prev.members.len() - kept.iter().flatten().count();
-        if size != prev.size
+        let mut distinct: Vec<usize> = kept.iter().flatten().copied().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // Two new members that match one old member (a key listed twice) cannot be
+        // remapped; a full build decides them.
+        let duplicated = distinct.len() != kept.iter().flatten().count();
+        let left = prev.members.len().saturating_sub(distinct.len());
+        if duplicated
+            || size != prev.size
             || t.weighted != prev.weighted
             || prev.members.len() < 2
             || members.len() < 2
@@ -237,6 +244,20 @@ mod tests {
 
     /// Small enough for debug builds, big enough for the statistics below.
     const SIZE: usize = 262_139;
+
+    /// A backend listed twice (the same URL under two names in a config) is not a reason to
+    /// panic; the derived table is the full build's.
+    #[test]
+    fn a_member_listed_twice_derives_like_a_full_build() {
+        let prev = SequenceTable::new(&[("a", 1), ("b", 1), ("c", 1)], 1009);
+        let twice = [("a", 1), ("b", 1), ("b", 1), ("c", 1)];
+        let derived = SequenceTable::derive(&prev, &twice, 1009);
+        let built = SequenceTable::new(&twice, 1009);
+        for key in 0..5000u64 {
+            let k = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            assert_eq!(derived.lookup(k), built.lookup(k));
+        }
+    }
 
     fn names(n: usize) -> Vec<String> {
         (0..n)

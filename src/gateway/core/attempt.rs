@@ -19,7 +19,7 @@ use crate::fleet::{BackendHandle, CatalogEntry};
 use crate::gateway::labels::Labels;
 use crate::gateway::observe::{Observation, Phase};
 use crate::gateway::Gateway;
-use crate::protocol::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
+use crate::protocol::rest::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
     decode_backend_response, encode_request, InferRequest, Limits, ModelMetadata,
     HEADER_CONTENT_LENGTH,

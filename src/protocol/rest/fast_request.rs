@@ -8,10 +8,10 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::datatype::DataType;
-use super::decode::{WireData, WireRequest, WireTensor};
 use super::json_data;
-use super::limits::Limits;
+use super::wire::{WireData, WireRequest, WireTensor};
+use crate::protocol::datatype::DataType;
+use crate::protocol::limits::Limits;
 
 struct Reader<'a> {
     s: &'a [u8],
@@ -188,7 +188,7 @@ mod tests {
             "fast path declined: {json}"
         );
         let fast = decode_request(&Bytes::copy_from_slice(json.as_bytes()), None, &limits);
-        let slow = crate::protocol::decode::decode_request_serde_only(
+        let slow = crate::protocol::rest::decode::decode_request_serde_only(
             &Bytes::copy_from_slice(json.as_bytes()),
             &limits,
         );

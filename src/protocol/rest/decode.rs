@@ -5,16 +5,16 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
-use super::datatype::DataType;
-use super::error::{ProtocolError, Result, Role};
 use super::json_data;
-use super::limits::Limits;
-use super::message::{InferRequest, InferResponse, RequestedOutput};
-use super::params::{OutputOptions, Parameters, RequestOptions};
-use super::tensor::{check_bytes_framing, checked_element_count, format_shape, Tensor};
-use super::tolerance::{Tolerance, Tolerated};
+use super::wire::{WireData, WireRequest, WireTensor};
+use crate::protocol::datatype::DataType;
+use crate::protocol::error::{ProtocolError, Result, Role};
+use crate::protocol::limits::Limits;
+use crate::protocol::message::{InferRequest, InferResponse, RequestedOutput};
+use crate::protocol::params::{OutputOptions, Parameters, RequestOptions};
+use crate::protocol::tensor::{check_bytes_framing, checked_element_count, format_shape, Tensor};
+use crate::protocol::tolerance::{Tolerance, Tolerated};
 
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
@@ -56,50 +56,6 @@ pub fn parse_header_length(raw: &[u8]) -> Result<usize> {
                 String::from_utf8_lossy(raw)
             ))
         })
-}
-
-#[derive(Deserialize)]
-pub(crate) struct WireTensor<'a> {
-    pub(crate) name: String,
-    pub(crate) datatype: String,
-    pub(crate) shape: Vec<serde_json::Number>,
-    #[serde(default)]
-    pub(crate) parameters: Parameters,
-    #[serde(borrow, default)]
-    pub(crate) data: Option<WireData<'a>>,
-}
-
-/// A tensor's JSON `data`: its text, or already converted by the fast path.
-pub(crate) enum WireData<'a> {
-    Text(&'a [u8]),
-    /// Binary layout and element count.
-    Parsed(Vec<u8>, u64),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for WireData<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let raw: &'a RawValue = Deserialize::deserialize(d)?;
-        Ok(WireData::Text(raw.get().as_bytes()))
-    }
-}
-
-#[derive(Deserialize)]
-pub(crate) struct WireRequestedOutput {
-    pub(crate) name: String,
-    #[serde(default)]
-    pub(crate) parameters: Parameters,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct WireRequest<'a> {
-    #[serde(default)]
-    pub(crate) id: Option<String>,
-    #[serde(default)]
-    pub(crate) parameters: Parameters,
-    #[serde(borrow)]
-    pub(crate) inputs: Vec<WireTensor<'a>>,
-    #[serde(default)]
-    pub(crate) outputs: Option<Vec<WireRequestedOutput>>,
 }
 
 #[derive(Deserialize)]

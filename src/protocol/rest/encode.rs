@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::error::{ProtocolError, Result, Role};
 use super::json_write::write_data;
-use super::message::{InferRequest, InferResponse};
-use super::params::Parameters;
-use super::tensor::Tensor;
+use crate::protocol::error::{ProtocolError, Result, Role};
+use crate::protocol::message::{InferRequest, InferResponse};
+use crate::protocol::params::Parameters;
+use crate::protocol::tensor::Tensor;
 
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 pub const CONTENT_TYPE_BINARY: &str = "application/octet-stream";

@@ -12,10 +12,10 @@
 
 use half::{bf16, f16};
 
-use super::datatype::DataType;
-use super::error::{ProtocolError, Result};
 use super::json_count;
 use super::json_number;
+use crate::protocol::datatype::DataType;
+use crate::protocol::error::{ProtocolError, Result};
 
 /// One leaf of the data array, as raw text.
 enum Leaf<'a> {

@@ -3,13 +3,13 @@
 
 use bytes::Bytes;
 
-use super::datatype::DataType;
-use super::error::{ProtocolError, Result};
-use super::limits::Limits;
-use super::message::InferRequest;
-use super::metadata::ModelMetadata;
-use super::params::{ParamValue, Parameters, RequestOptions};
-use super::tensor::{checked_element_count, format_shape, Tensor};
+use crate::protocol::datatype::DataType;
+use crate::protocol::error::{ProtocolError, Result};
+use crate::protocol::limits::Limits;
+use crate::protocol::message::InferRequest;
+use crate::protocol::metadata::ModelMetadata;
+use crate::protocol::params::{ParamValue, Parameters, RequestOptions};
+use crate::protocol::tensor::{checked_element_count, format_shape, Tensor};
 
 /// Builds the request a raw body stands for. A leading -1 in a model shape of rank two or
 /// more is the batch dimension (v2 metadata has no `max_batch_size`); a raw request is a
@@ -95,7 +95,7 @@ pub fn expand_raw(body: Bytes, model: &ModelMetadata, limits: &Limits) -> Result
         shape.insert(0, 1);
     }
     checked_element_count(&shape, limits.max_tensor_elements)
-        .map_err(|e| e.in_tensor(super::error::Role::Input, &input.name))?;
+        .map_err(|e| e.in_tensor(crate::protocol::error::Role::Input, &input.name))?;
     if datatype == DataType::Bool {
         super::decode::check_binary(datatype, &shape, shape.iter().product(), &data)
             .map_err(|e| err(e.message().to_string()))?;

@@ -3,8 +3,8 @@
 
 use half::{bf16, f16};
 
-use super::datatype::DataType;
-use super::error::{ProtocolError, Result};
+use crate::protocol::datatype::DataType;
+use crate::protocol::error::{ProtocolError, Result};
 
 trait WriteElem: Copy {
     const SIZE: usize;

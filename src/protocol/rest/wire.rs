@@ -1,0 +1,52 @@
+//! The JSON header of a v2 REST request as serde reads it, shared by the serde decoder
+//! (`decode`) and the single-pass one (`fast_request`), so that neither depends on the other
+//! for its types. `data` stays raw text here; `json_data` converts it.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::protocol::params::Parameters;
+
+#[derive(Deserialize)]
+pub(crate) struct WireTensor<'a> {
+    pub(crate) name: String,
+    pub(crate) datatype: String,
+    pub(crate) shape: Vec<serde_json::Number>,
+    #[serde(default)]
+    pub(crate) parameters: Parameters,
+    #[serde(borrow, default)]
+    pub(crate) data: Option<WireData<'a>>,
+}
+
+/// A tensor's JSON `data`: its text, or already converted by the fast path.
+pub(crate) enum WireData<'a> {
+    Text(&'a [u8]),
+    /// Binary layout and element count.
+    Parsed(Vec<u8>, u64),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for WireData<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let raw: &'a RawValue = Deserialize::deserialize(d)?;
+        Ok(WireData::Text(raw.get().as_bytes()))
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WireRequestedOutput {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) parameters: Parameters,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WireRequest<'a> {
+    #[serde(default)]
+    pub(crate) id: Option<String>,
+    #[serde(default)]
+    pub(crate) parameters: Parameters,
+    #[serde(borrow)]
+    pub(crate) inputs: Vec<WireTensor<'a>>,
+    #[serde(default)]
+    pub(crate) outputs: Option<Vec<WireRequestedOutput>>,
+}
