@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod core;
 pub mod labels;
+pub mod layers;
 pub mod observe;
 pub mod queries;
 

@@ -27,7 +27,7 @@ impl Protocol {
     }
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Observation {
     pub protocol: Protocol,
     /// Set once the model is known to the catalog (so labels stay bounded).

@@ -26,7 +26,7 @@ use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
 const STREAM_CONCURRENCY: usize = 64;
 
 const INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
-const STREAM_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+pub(super) const STREAM_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// What the request's metadata says about every inference it carries.
 #[derive(Clone)]
@@ -87,13 +87,9 @@ pub async fn unary(
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let mut obs = Observation::new(Protocol::Grpc);
+    // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let (metadata, _, msg) = req.into_parts();
-    let authorization = metadata
-        .get("authorization")
-        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
     let result = async {
-        gw.authorize(authorization.as_ref())?;
-        let _permit = gw.admit()?;
         let ctx = RpcContext::from_metadata(&metadata)?;
         infer_one(gw, msg, &ctx, &mut obs).await
     }
@@ -111,13 +107,9 @@ pub async fn unary(
         .backend
         .as_deref()
         .and_then(|b| MetadataValue::try_from(b).ok());
-    let request_id = metadata.get(REQUEST_ID).cloned();
     let mut headers = MetadataMap::new();
     if let Some(b) = backend {
         headers.insert(BACKEND_HEADER, b);
-    }
-    if let Some(id) = request_id {
-        headers.insert(REQUEST_ID, id);
     }
     match result {
         Ok(r) => {
@@ -174,6 +166,23 @@ async fn infer_one(
         Outcome::PassThrough(_) => Err(GatewayError::Internal(
             "a gRPC request has no original body to pass through".into(),
         )),
+    }
+}
+
+/// Records an inference RPC that a shared layer refused (a missing token, shedding). Other
+/// RPCs, and unknown paths (whose names are the client's to choose), are not counted.
+pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
+    if path == INFER_PATH || path == STREAM_PATH {
+        finish(
+            gw,
+            path,
+            &Observation::new(Protocol::Grpc),
+            Some(e),
+            Instant::now(),
+            0,
+        );
+    } else {
+        tracing::info!(target: "tensorgate::access", method = "gRPC", path, status = e.grpc_code() as i32, error = e.message());
     }
 }
 

@@ -15,10 +15,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
+use tonic::body::Body;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
+use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
+use crate::error::GatewayError;
 use crate::gateway::core::lookup;
+use crate::gateway::layers::{Auth, AuthLayer, Policy, Shed, ShedLayer};
 use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
 use crate::gateway::Gateway;
 use crate::protocol::grpc::pb;
@@ -33,8 +37,63 @@ pub mod service {
 
 use service::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 
-/// The whole gRPC listener's service: inference and health, on one port.
-pub fn grpc_service(gw: Arc<Gateway>) -> GrpcRoutes {
+/// The whole gRPC listener's service: inference and health on one port, behind the layers
+/// every listener shares (request id, auth, shedding).
+pub type GrpcService = PropagateRequestId<Auth<Shed<GrpcRoutes, GrpcPolicy>, GrpcPolicy>>;
+
+const SERVICE: &str = "/inference.GRPCInferenceService/";
+
+/// gRPC's part in the shared layers: the health RPCs need no token and are never shed; a
+/// stream takes a permit per message (`infer::stream`) rather than one for its whole life;
+/// a refusal is a gRPC status, counted and logged like any RPC.
+#[derive(Clone, Copy)]
+pub struct GrpcPolicy {
+    /// Also let ModelStreamInfer through (the shedding layer).
+    streams_exempt: bool,
+}
+
+fn is_health(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+        || path
+            .strip_prefix(SERVICE)
+            .is_some_and(|m| matches!(m, "ServerLive" | "ServerReady" | "ModelReady"))
+}
+
+impl Policy for GrpcPolicy {
+    type Body = Body;
+
+    fn exempt(&self, path: &str) -> bool {
+        is_health(path) || (self.streams_exempt && path == infer::STREAM_PATH)
+    }
+
+    fn deny(&self, gw: &Gateway, path: &str, e: GatewayError) -> http::Response<Body> {
+        infer::observe_refusal(gw, path, &e);
+        e.to_grpc().into_http()
+    }
+}
+
+pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
+    let routes = routes_for(gw.clone());
+    tower::ServiceBuilder::new()
+        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
+            crate::gateway::REQUEST_ID,
+        )))
+        .layer(AuthLayer::new(
+            gw.clone(),
+            GrpcPolicy {
+                streams_exempt: false,
+            },
+        ))
+        .layer(ShedLayer::new(
+            gw,
+            GrpcPolicy {
+                streams_exempt: true,
+            },
+        ))
+        .service(routes)
+}
+
+fn routes_for(gw: Arc<Gateway>) -> GrpcRoutes {
     let max = gw.config().limits.max_body_bytes;
     // Compressed requests are accepted, as Triton does; answers go uncompressed (the CPU is
     // better spent elsewhere, and clients on a LAN rarely want it).
@@ -69,17 +128,6 @@ fn not_for_a_gateway(what: &str) -> Status {
     ))
 }
 
-impl GrpcFront {
-    /// Checks the bearer token of an RPC that is not a health check.
-    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let header = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| http::HeaderValue::from_bytes(v.as_bytes()).ok());
-        self.gw.authorize(header.as_ref()).map_err(|e| e.to_grpc())
-    }
-}
-
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -112,9 +160,8 @@ impl GrpcInferenceService for GrpcFront {
 
     async fn server_metadata(
         &self,
-        req: Request<pb::ServerMetadataRequest>,
+        _: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
-        self.authorize(&req)?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: self.gw.config().server.name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -126,7 +173,6 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
-        self.authorize(&req)?;
         let r = req.into_inner();
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let entry = lookup(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
@@ -162,7 +208,6 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        self.authorize(&req)?;
         Ok(Response::new(infer::stream(
             self.gw.clone(),
             req,
@@ -174,7 +219,6 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
-        self.authorize(&req)?;
         let r = req.into_inner();
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let entry = lookup(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
@@ -188,7 +232,6 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
-        self.authorize(&req)?;
         let r = req.into_inner();
         let model = Some(r.name.as_str()).filter(|v| !v.is_empty());
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
@@ -200,7 +243,6 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
-        self.authorize(&req)?;
         let ready_only = req.get_ref().ready;
         let models = queries::repository_index(&self.gw)
             .into_iter()
@@ -217,17 +259,15 @@ impl GrpcInferenceService for GrpcFront {
 
     async fn repository_model_load(
         &self,
-        req: Request<pb::RepositoryModelLoadRequest>,
+        _: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        self.authorize(&req)?;
         Err(not_for_a_gateway("RepositoryModelLoad"))
     }
 
     async fn repository_model_unload(
         &self,
-        req: Request<pb::RepositoryModelUnloadRequest>,
+        _: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        self.authorize(&req)?;
         Err(not_for_a_gateway("RepositoryModelUnload"))
     }
 

@@ -14,36 +14,103 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::body::{error_response, Body, BoxError};
 use crate::error::GatewayError;
-use crate::gateway::{observe, Gateway, Raised, BACKEND_HEADER, REQUEST_ID};
+use crate::gateway::layers::{AuthLayer, Policy, ShedLayer};
+use crate::gateway::{observe, Gateway, Raised, BACKEND_HEADER};
 use routes::{Route, RouteError};
+
+/// REST's part in the shared layers: health needs no token and is never shed, so that
+/// probes keep telling the truth; a refusal is the JSON error (with `Retry-After` for a 503,
+/// `WWW-Authenticate` for a 401), which `handle` observes like any other answer.
+#[derive(Clone, Copy)]
+struct RestPolicy;
+
+impl Policy for RestPolicy {
+    type Body = Body;
+
+    fn exempt(&self, path: &str) -> bool {
+        matches!(
+            path.strip_suffix('/').unwrap_or(path),
+            "/v2/health/live" | "/v2/health/ready"
+        )
+    }
+
+    fn deny(&self, _: &Gateway, _: &str, e: GatewayError) -> Response<Body> {
+        error_response(&e)
+    }
+}
+
+type DispatchFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Response<Body>, std::convert::Infallible>> + Send>,
+>;
+
+/// The innermost service of the REST stack: a route's handler. Its observation travels back
+/// to `handle` in the response's extensions.
+#[derive(Clone)]
+struct Dispatch(Arc<Gateway>);
+
+impl tower::Service<Request<Body>> for Dispatch {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = DispatchFuture;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> DispatchFuture {
+        let gw = self.0.clone();
+        Box::pin(async move {
+            let mut obs = observe::Observation::default();
+            let mut response = match dispatch(&gw, req, &mut obs).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let mut r = error_response(&e);
+                    if let GatewayError::MethodNotAllowed(_) = e {
+                        if let Some(allow) = allowed_method(e.message()) {
+                            r.headers_mut().insert(header::ALLOW, allow);
+                        }
+                    }
+                    r
+                }
+            };
+            response.extensions_mut().insert(obs);
+            Ok(response)
+        })
+    }
+}
 
 pub async fn handle<B>(gw: Arc<Gateway>, req: Request<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    use tower::ServiceExt;
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let request_id = req.headers().get(REQUEST_ID).cloned();
-    let mut obs = observe::Observation::default();
     let is_infer = path.ends_with("/infer");
-    let mut response = match dispatch(&gw, req, &mut obs).await {
+    // One body type inside the stack, whatever the listener's.
+    let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
+    let handler = Dispatch(gw.clone());
+    let stack = tower::ServiceBuilder::new()
+        .layer(AuthLayer::new(gw.clone(), RestPolicy))
+        .layer(ShedLayer::new(gw.clone(), RestPolicy))
+        .service(handler);
+    // Boxed here, where every type is concrete: rustc cannot prove an unboxed stack future
+    // `Send` inside the listener's future (a higher-ranked lifetime limitation).
+    let answer: DispatchFuture = Box::pin(stack.oneshot(req));
+    let mut response = match answer.await {
         Ok(r) => r,
-        Err(e) => {
-            let mut r = error_response(&e);
-            if let GatewayError::MethodNotAllowed(_) = e {
-                if let Some(allow) = allowed_method(e.message()) {
-                    r.headers_mut().insert(header::ALLOW, allow);
-                }
-            }
-            r
-        }
+        Err(never) => match never {},
     };
-    if let Some(id) = request_id {
-        response.headers_mut().insert(REQUEST_ID, id);
-    }
+    let obs = response
+        .extensions_mut()
+        .remove::<observe::Observation>()
+        .unwrap_or_default();
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
     // one needs to know which backend was involved.
     if let Some(v) = obs
@@ -100,13 +167,6 @@ where
             req.uri().path()
         )),
     })?;
-    // Health stays open and is never shed, so that probes keep telling the truth.
-    let _permit = if matches!(route, Route::Live | Route::Ready) {
-        None
-    } else {
-        gw.authorize(req.headers().get(header::AUTHORIZATION))?;
-        Some(gw.admit()?)
-    };
     match route {
         Route::ServerMetadata => Ok(handlers::server_metadata(gw)),
         Route::Live => Ok(handlers::live()),

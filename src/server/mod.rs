@@ -22,6 +22,7 @@ use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
+use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::body::{error_response, full, Body, BoxError};
 use crate::error::GatewayError;
@@ -315,14 +316,20 @@ type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body
 
 /// The service `with_layers` builds around `S`.
 pub type Layered<S> = tower_http::catch_panic::CatchPanic<
-    tower_http::compression::Compression<tower_http::decompression::RequestDecompression<S>>,
+    PropagateRequestId<
+        tower_http::compression::Compression<tower_http::decompression::RequestDecompression<S>>,
+    >,
     PanicHandler,
 >;
 
 /// The layers around the gateway, applied to any inner service (tests use a failing one).
+/// The edge's own stack (auth, shedding, observation) is inside `S`.
 pub fn with_layers<S>(inner: S) -> Layered<S> {
     ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panic_response as PanicHandler))
+        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
+            crate::gateway::REQUEST_ID,
+        )))
         .layer(CompressionLayer::new())
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
