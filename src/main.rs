@@ -34,7 +34,8 @@ fn optional_address(text: &str) -> Result<OptionalAddress, String> {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway. With neither --config nor --backend, it serves every built-in model
-    /// in-process on 0.0.0.0:8000, with metrics on 0.0.0.0:8002 (the embedded default config).
+    /// in-process: the v2 REST API on 0.0.0.0:8000, the v2 gRPC API on 0.0.0.0:8001 and
+    /// metrics on 0.0.0.0:8002 (the embedded default config).
     Serve {
         /// TOML config file (see config/tensorgate.toml for every key).
         #[arg(long, value_name = "FILE")]

@@ -963,3 +963,62 @@ async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
         .unwrap();
     assert_eq!(slow.infers(), 2);
 }
+
+/// Dropping a stream drops what it has in flight: the backend call ends with it, long before
+/// the backend would have answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_stream_cancels_its_requests_in_flight() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(5))).await;
+    let (gw, mut c) = start(config(&[("slow", slow.url.as_str())], "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("m").is_some() }
+        })
+        .await
+    );
+    let m = pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![input("INPUT0", "FP32", &[2])],
+        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    };
+    // The request side stays open, as a client's live stream does.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(m.clone()).await.unwrap();
+    tx.send(m).await.unwrap();
+    let answers = c
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let backend = gw.gateway.fleet.backends()[0].clone();
+    let in_flight = || {
+        backend
+            .outstanding
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert!(
+        eventually(50, Duration::from_millis(20), || std::future::ready(
+            in_flight() == 2
+        ))
+        .await,
+        "both requests reach the backend"
+    );
+    drop(answers);
+    drop(tx);
+    let started = std::time::Instant::now();
+    assert!(
+        eventually(100, Duration::from_millis(20), || std::future::ready(
+            in_flight() == 0
+        ))
+        .await,
+        "the calls in flight end with the stream"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    gw.shutdown().await;
+}
