@@ -86,17 +86,26 @@ enum Command {
     },
 }
 
-fn init_logging(level: &str, format: LogFormat) {
+/// Log lines (an access-log line per request among them) are written by a thread of their
+/// own, so that no request waits on a `write` to stderr. The buffer holds 128k lines; when it
+/// is full, request paths wait rather than drop lines (`lossy(false)`). The guard flushes what
+/// is buffered when `main` returns.
+fn init_logging(level: &str, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("tensorgate-log")
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigError]) {
@@ -242,7 +251,7 @@ fn main() -> ExitCode {
             (c, false, None)
         }
     };
-    init_logging(&config.server.log_level, config.server.log_format);
+    let _log_writer = init_logging(&config.server.log_level, config.server.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Per-core proxy cost, with a backend that is not the bottleneck: tensorgate against nginx as
+# a keep-alive reverse proxy, each pinned to core 0 and single-threaded, in front of an nginx
+# that answers every v2 call with a fixed response (a Triton-like server: it lists
+# binary_tensor_data, so tensorgate may pass the client's bytes through). wrk and the backend
+# share core 1. First the backend alone is measured (it must serve at least 1.5 x the faster
+# proxy, or the ratio measures it), then the proxies in alternating rounds:
+#   P1: the small `simple` JSON request;
+#   P2: the same with a sequence_id in the body (nginx hashes an X-Sequence-Id header).
+# Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
+# Usage: [ROUNDS=3] bench/proxy_core.sh [SECONDS_PER_RUN]   (default 8)
+# Access logs stay as each proxy has them by default: on for tensorgate (info), off for nginx
+# only where noted; see the printed table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DUR=${1:-8}
+ROUNDS=${ROUNDS:-3}
+OUT=$ROOT/bench/out/core
+rm -rf "$OUT"; mkdir -p "$OUT/nginx-backend" "$OUT/nginx-proxy"
+for tool in wrk nginx taskset; do
+  command -v $tool >/dev/null || {
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light util-linux >&2
+  }
+done
+BIN=${TENSORGATE_BIN:-$ROOT/target/release/tensorgate}
+[ -x "$BIN" ] || cargo build --release --locked -q
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() { for _ in $(seq 1 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
+
+B=$(free_port); N=$(free_port); NH=$(free_port); G=$(free_port)
+META='{"name":"simple","versions":["1"],"platform":"fixed","inputs":[{"name":"INPUT0","datatype":"INT32","shape":[-1,16]},{"name":"INPUT1","datatype":"INT32","shape":[-1,16]}],"outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[-1,16]},{"name":"OUTPUT1","datatype":"INT32","shape":[-1,16]}]}'
+ANSWER='{"model_name":"simple","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[1,16],"data":[2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32]},{"name":"OUTPUT1","datatype":"INT32","shape":[1,16],"data":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]}'
+cat > "$OUT/nginx-backend/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $OUT/nginx-backend/error.log warn;
+pid $OUT/nginx-backend/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/nginx-backend/body;
+  client_body_buffer_size 1m;
+  default_type application/json;
+  server {
+    listen 127.0.0.1:$B;
+    keepalive_requests 1000000;
+    location = /v2 { return 200 '{"name":"fixed","version":"1","extensions":["binary_tensor_data"]}'; }
+    location = /v2/health/ready { return 200 '{}'; }
+    location = /v2/repository/index { return 200 '[{"name":"simple","version":"1","state":"READY"}]'; }
+    location = /v2/models/simple { return 200 '$META'; }
+    location = /v2/models/simple/ready { return 200 '{}'; }
+    location = /v2/models/simple/infer { return 200 '$ANSWER'; }
+  }
+}
+NGINX
+cat > "$OUT/nginx-proxy/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $OUT/nginx-proxy/error.log warn;
+pid $OUT/nginx-proxy/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/nginx-proxy/body;
+  proxy_temp_path $OUT/nginx-proxy/proxy;
+  upstream be { server 127.0.0.1:$B; keepalive 128; }
+  upstream be_hash { hash \$http_x_sequence_id consistent; server 127.0.0.1:$B; keepalive 128; }
+  server { listen 127.0.0.1:$N; keepalive_requests 1000000;
+    location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  server { listen 127.0.0.1:$NH; keepalive_requests 1000000;
+    location / { proxy_pass http://be_hash; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+NGINX
+taskset -c 1 nginx -c "$OUT/nginx-backend/nginx.conf" -p "$OUT/nginx-backend" -g 'daemon off;' & PIDS+=($!)
+taskset -c 0 nginx -c "$OUT/nginx-proxy/nginx.conf" -p "$OUT/nginx-proxy" -g 'daemon off;' & PIDS+=($!)
+NGINX_PROXY=$!
+env TOKIO_WORKER_THREADS=1 taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --grpc-listen "" \
+  --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$B > "$OUT/tensorgate.log" 2>&1 & PIDS+=($!)
+GW=$!
+wait_ready "http://127.0.0.1:$B/v2/health/ready"
+wait_ready "http://127.0.0.1:$G/v2/models/simple/ready"
+wait_ready "http://127.0.0.1:$N/v2/health/ready"
+sleep 0.5
+NGINX_PROXY_WORKER=$(pgrep -P "$NGINX_PROXY" | head -1)
+NGINX_BACKEND_WORKER=$(pgrep -f "nginx-backend/nginx.conf" | xargs -I{} pgrep -P {} | head -1)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+CLK=$(getconf CLK_TCK)
+
+# run NAME PORT SEQ PID ROUND -> "name round ticks clk rps p50 p99 non2xx"
+run() {
+  local name=$1 port=$2 seq=$3 pid=$4 round=$5 before after
+  before=$(cpu_ticks "$pid")
+  # P1's body never changes (bench/static.lua: no Lua per request); P2's carries a new
+  # sequence id each time (bench/simple.lua).
+  local script=bench/static.lua
+  [ "$seq" = 1 ] && script=bench/simple.lua
+  env SEQ="$seq" taskset -c 1 wrk -t1 -c32 -d"${DUR}s" --latency -s "$script" \
+    "http://127.0.0.1:$port/v2/models/simple/infer" > "$OUT/$name.r$round.txt" 2>&1
+  after=$(cpu_ticks "$pid")
+  local f=$OUT/$name.r$round.txt
+  echo "$name $round $((after - before)) $CLK $(awk '/Requests\/sec/ {print $2}' "$f") \
+$(awk '$1=="50%" {print $2}' "$f") $(awk '$1=="99%" {print $2}' "$f") \
+$(awk '/Non-2xx/ {print $4}' "$f" | grep . || echo 0)" >> "$OUT/rounds.txt"
+}
+for round in $(seq 1 "$ROUNDS"); do
+  run backend_direct "$B" 0 "$NGINX_BACKEND_WORKER" "$round"
+  run nginx_p1 "$N" 0 "$NGINX_PROXY_WORKER" "$round"
+  run tensorgate_p1 "$G" 0 "$GW" "$round"
+  run nginx_p2 "$NH" 1 "$NGINX_PROXY_WORKER" "$round"
+  run tensorgate_p2 "$G" 1 "$GW" "$round"
+done
+.venv/bin/python bench/render_core.py "$OUT/rounds.txt" "$DUR"

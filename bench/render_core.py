@@ -1,0 +1,48 @@
+"""Renders bench/proxy_core.sh's rounds as a Markdown table (stdout)."""
+import sys
+from statistics import median
+
+path, dur = sys.argv[1], float(sys.argv[2])
+
+
+def ms(text):
+    for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(text)
+
+
+runs = {}
+for line in open(path):
+    name, rnd, ticks, clk, rps, p50, p99, non2xx = line.split()
+    rps = float(rps)
+    runs.setdefault(name, []).append({
+        "rps": rps, "p50": ms(p50), "p99": ms(p99), "non2xx": int(non2xx),
+        "cpu_us": int(ticks) / int(clk) * 1e6 / (rps * dur),
+    })
+labels = [
+    ("backend_direct", "fixed-response backend, directly"),
+    ("nginx_p1", "P1 nginx → backend"),
+    ("tensorgate_p1", "P1 tensorgate → backend"),
+    ("nginx_p2", "P2 nginx, hash of X-Sequence-Id"),
+    ("tensorgate_p2", "P2 tensorgate, sequence_id in body"),
+]
+print(f"{len(runs.get('tensorgate_p1', []))} alternating rounds of {dur:g} s, `wrk -t1 -c32 --latency`; medians.\n")
+print("| path | req/s | req/s range | p50 | p99 | CPU/req of the proxy (backend for the direct row) | non-2xx |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for name, label in labels:
+    r = runs.get(name)
+    if not r:
+        continue
+    rps = [x["rps"] for x in r]
+    print(f"| {label} | {median(rps):,.0f} | {min(rps):,.0f}–{max(rps):,.0f} | {median(x['p50'] for x in r):.2f} ms | "
+          f"{median(x['p99'] for x in r):.2f} ms | {median(x['cpu_us'] for x in r):.1f} µs | {sum(x['non2xx'] for x in r)} |")
+for p in ("p1", "p2"):
+    t, n = runs.get(f"tensorgate_{p}"), runs.get(f"nginx_{p}")
+    if t and n:
+        print(f"\n{p.upper()}: tensorgate/nginx req/s = {median(x['rps'] for x in t) / median(x['rps'] for x in n):.2f}, "
+              f"CPU per request {median(x['cpu_us'] for x in t) / median(x['cpu_us'] for x in n):.2f} x nginx's.")
+b = runs.get("backend_direct")
+fast = max((median(x["rps"] for x in runs[k]) for k in ("nginx_p1", "tensorgate_p1") if k in runs), default=0)
+if b and fast:
+    print(f"\nBackend headroom: {median(x['rps'] for x in b) / fast:.2f} x the faster proxy (target ≥ 1.5).")
