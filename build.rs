@@ -24,6 +24,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_transport(false)
         .extern_path(".inference", "crate::protocol::grpc::pb")
+        // prost's codec behind a look at the wire bytes (src/grpc/codec.rs).
+        .codec_path("crate::grpc::codec::GuardedCodec")
         .out_dir(&services)
         .compile_fds(fds)?;
     Ok(())

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common_fleet::*;
+use http_body_util::BodyExt;
 use serde_json::json;
 use tensorgate::config::Config;
 use tensorgate::grpc::service::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -143,6 +144,15 @@ async fn simple_infers_with_raw_and_typed_contents() {
     assert_eq!(r.id, "req-1");
     assert_eq!(r.outputs.len(), 1);
     assert_eq!(i32s(output(&r, "OUTPUT1")), (-1..15).collect::<Vec<_>>());
+    // Thousands of empty repeated entries: refused before they are decoded.
+    let mut fanout = simple(&[1; 16], &[1; 16]);
+    fanout.outputs = vec![Default::default(); 5000];
+    assert_status(
+        c.model_infer(fanout).await,
+        Code::ResourceExhausted,
+        "the message repeats its field 6 more than 4096 times",
+    );
+
     gw.shutdown().await;
 }
 
@@ -376,6 +386,17 @@ async fn client_errors_carry_the_rest_message_and_their_own_code() {
         c.model_infer(mixed).await,
         Code::InvalidArgument,
         "input 'INPUT0': has both typed contents and raw_input_contents",
+    );
+    let not_bool = pb::ModelInferRequest {
+        model_name: "identity_bool".into(),
+        inputs: vec![input("INPUT0", "BOOL", &[1, 2])],
+        raw_input_contents: vec![Bytes::from_static(&[1, 2])],
+        ..Default::default()
+    };
+    assert_status(
+        c.model_infer(not_bool).await,
+        Code::InvalidArgument,
+        "input 'INPUT0': BOOL element 1 is the byte 2; it must be 0 or 1",
     );
     let mut negative = simple(&[0; 16], &[0; 16]);
     negative.inputs[0].shape = vec![-1, 16];
@@ -815,6 +836,38 @@ async fn grpc_health_follows_readiness() {
         Code::NotFound,
         "unknown service 'other'; tensorgate reports '' and 'inference.GRPCInferenceService'",
     );
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<Bytes>>();
+    // Health calls take no token, so their messages are small: 100 KiB of an unknown field.
+    let mut big = vec![0u8];
+    let mut unknown = vec![0x7a_u8]; // field 15, length-delimited
+    unknown.extend_from_slice(&[0x80, 0x80, 0x06]); // 102400
+    unknown.extend(std::iter::repeat_n(0u8, 102_400));
+    big.extend_from_slice(&(unknown.len() as u32).to_be_bytes());
+    big.extend_from_slice(&unknown);
+    let req = http::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/ServerLive",
+        gw.grpc_addr.unwrap()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(http_body_util::Full::new(Bytes::from(big)))
+    .unwrap();
+    let response = http2.request(req).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.unwrap().trailers().cloned();
+    let status = tonic::Status::from_header_map(&parts.headers)
+        .or_else(|| trailers.as_ref().and_then(tonic::Status::from_header_map))
+        .expect("a status");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::ResourceExhausted,
+            "a health check's request is limited to 64 KiB"
+        )
+    );
+
     gw.gateway.start_draining();
     let r = health.check(check("")).await.unwrap().into_inner();
     assert_eq!(r.status, ServingStatus::NotServing as i32);

@@ -179,8 +179,23 @@ impl HttpBackend {
     }
 
     async fn model_ready(&self, name: &str) -> bool {
-        matches!(self.call(Method::GET, &format!("/v2/models/{name}/ready"), None).await, Ok((s, _)) if s.is_success())
+        let path = format!("/v2/models/{}/ready", path_segment(name));
+        matches!(self.call(Method::GET, &path, None).await, Ok((s, _)) if s.is_success())
     }
+}
+
+/// A model name as one path segment: anything but unreserved characters percent-encoded,
+/// so that a name with a space, `?` or `/` still names that model.
+fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// One entry of `POST /v2/repository/index`. Triton writes one per version, with `state`
@@ -307,9 +322,23 @@ impl Backend for HttpBackend {
             };
             let mut out = ModelList::default();
             let mut refused = Vec::new();
-            for (name, listed_ready) in listed.names {
-                let path = format!("/v2/models/{name}");
-                let (status, body) = self.call(Method::GET, &path, None).await?;
+            // Models the config does not use from this backend are not asked about at all.
+            let wanted = listed
+                .names
+                .into_iter()
+                .filter(|(name, _)| configured.is_empty() || configured.contains(name));
+            for (name, listed_ready) in wanted {
+                let path = format!("/v2/models/{}", path_segment(&name));
+                // One model that does not answer (loading, a reset) costs that model, not
+                // the backend's others.
+                let (status, body) = match self.call(Method::GET, &path, None).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        tracing::warn!(backend = %self.base, model = %name, error = ?e, "model metadata did not arrive; the model is not used this round");
+                        refused.push(format!("GET {path} failed"));
+                        continue;
+                    }
+                };
                 if !status.is_success() {
                     refused.push(format!("GET {path} answered {status}"));
                     continue;
@@ -363,8 +392,12 @@ impl Backend for HttpBackend {
                 ));
             };
             let path = match call.version {
-                Some(v) => format!("/v2/models/{}/versions/{v}/infer", call.model),
-                None => format!("/v2/models/{}/infer", call.model),
+                Some(v) => format!(
+                    "/v2/models/{}/versions/{}/infer",
+                    path_segment(call.model),
+                    path_segment(v)
+                ),
+                None => format!("/v2/models/{}/infer", path_segment(call.model)),
             };
             let mut req = Request::builder()
                 .method(Method::POST)

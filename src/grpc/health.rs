@@ -86,10 +86,15 @@ impl Health for GatewayHealth {
                 let service = service.clone();
                 async move {
                     if last.is_some() {
+                        // Once NOT_SERVING has been said during a drain, the watch ends, so
+                        // that it does not hold the shutdown for the whole drain timeout.
+                        if this.gw.is_draining() && last == Some(ServingStatus::NotServing) {
+                            return None;
+                        }
                         loop {
                             tokio::time::sleep(WATCH_INTERVAL).await;
                             now = this.watched(&service);
-                            if Some(now) != last {
+                            if Some(now) != last || this.gw.is_draining() {
                                 break;
                             }
                         }

@@ -20,10 +20,14 @@ use crate::gateway::observe::{record_infer, Observation, Phase};
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
+use crate::protocol::params::MAX_SEQUENCE_ID_LEN;
+use crate::protocol::SequenceId;
 
 /// Requests of one stream handled at once; further messages wait to be read, which
-/// pushes back on the client through HTTP/2 flow control.
-const STREAM_CONCURRENCY: usize = 64;
+/// pushes back on the client through HTTP/2 flow control. Messages waiting for their
+/// sequence's previous one hold no permit, so this also bounds what a stream keeps in
+/// memory: this many messages.
+const STREAM_CONCURRENCY: usize = 16;
 
 const INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 pub(super) const STREAM_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
@@ -245,35 +249,40 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// The sequence a stream message belongs to, as a key for ordering (not for routing).
-fn sequence_key(msg: &pb::ModelInferRequest) -> Option<String> {
-    match msg
+/// The sequence a stream message belongs to, as a key for ordering (not for routing): a hash
+/// of the model and the id, so that a client's long ids cost nothing to keep. An id the
+/// decoder will refuse (too long) needs no ordering.
+fn sequence_key(msg: &pb::ModelInferRequest) -> Option<u64> {
+    let id = match msg
         .parameters
         .get("sequence_id")?
         .parameter_choice
         .as_ref()?
     {
-        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => None,
-        ParameterChoice::Int64Param(i) => Some(format!("{}\u{0}{i}", msg.model_name)),
-        ParameterChoice::Uint64Param(u) => Some(format!("{}\u{0}{u}", msg.model_name)),
-        ParameterChoice::StringParam(s) if s.is_empty() => None,
-        ParameterChoice::StringParam(s) => Some(format!("{}\u{0}s{s}", msg.model_name)),
-        _ => None,
-    }
+        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => return None,
+        ParameterChoice::Int64Param(i) => SequenceId::Uint(*i as u64),
+        ParameterChoice::Uint64Param(u) => SequenceId::Uint(*u),
+        ParameterChoice::StringParam(s) if s.is_empty() || s.len() > MAX_SEQUENCE_ID_LEN => {
+            return None
+        }
+        ParameterChoice::StringParam(s) => SequenceId::String(s.clone()),
+        _ => return None,
+    };
+    Some(crate::routing::sequence_key(&msg.model_name, &id))
 }
 
 /// Keeps the requests of each sequence on one stream in the order they were sent, while
 /// requests of different sequences, and stateless ones, run concurrently: each sequence
 /// request waits for the one before it on the same stream.
 #[derive(Default)]
-struct SequenceOrder(Mutex<HashMap<String, oneshot::Receiver<()>>>);
+struct SequenceOrder(Mutex<HashMap<u64, oneshot::Receiver<()>>>);
 
 impl SequenceOrder {
     /// Returns what to wait for before running, and what to drop when done.
-    fn enter(&self, key: String) -> (Option<oneshot::Receiver<()>>, oneshot::Sender<()>) {
+    fn enter(&self, key: u64) -> (Option<oneshot::Receiver<()>>, oneshot::Sender<()>) {
         let (done, next) = oneshot::channel();
         let mut map = self.0.lock().expect("the order map is never poisoned");
-        if map.len() >= 4096 {
+        if map.len() >= 1024 {
             // Sequences whose last request finished need no more ordering.
             map.retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
         }
@@ -390,10 +399,10 @@ mod tests {
     #[tokio::test]
     async fn a_sequence_waits_for_its_previous_request_only() {
         let order = SequenceOrder::default();
-        let (first_wait, first_done) = order.enter("a".into());
+        let (first_wait, first_done) = order.enter(1);
         assert!(first_wait.is_none());
-        let (second_wait, _second_done) = order.enter("a".into());
-        let (other_wait, _) = order.enter("b".into());
+        let (second_wait, _second_done) = order.enter(1);
+        let (other_wait, _) = order.enter(2);
         assert!(other_wait.is_none());
         let mut second_wait = second_wait.expect("the second request of 'a' waits");
         assert!(second_wait.try_recv().is_err());

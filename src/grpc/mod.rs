@@ -5,6 +5,8 @@
 //! mapped to gRPC codes in `crate::error`. The service runs on the same hyper server as
 //! REST (`server::serve`): TLS, certificate reload, limits and drain are shared.
 
+mod body;
+pub mod codec;
 mod health;
 mod infer;
 mod model_config;
@@ -13,6 +15,7 @@ mod statistics;
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::Stream;
 use tonic::body::Body;
@@ -105,7 +108,8 @@ fn routes_for(gw: Arc<Gateway>) -> GrpcRoutes {
     .max_encoding_message_size(usize::MAX)
     .accept_compressed(CompressionEncoding::Gzip)
     .accept_compressed(CompressionEncoding::Deflate);
-    GrpcRoutes::new(inference, health::service(gw), max)
+    let body_timeout = Duration::from_millis(gw.config().limits.body_read_timeout_ms);
+    GrpcRoutes::new(inference, health::service(gw), max, body_timeout)
 }
 
 pub struct GrpcFront {

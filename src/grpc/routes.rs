@@ -5,12 +5,14 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use tonic::body::Body;
 use tonic::server::NamedService;
 
+use super::body::BoundedBody;
 use super::health::HealthServer;
 use super::service::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::GrpcFront;
@@ -22,19 +24,36 @@ pub struct GrpcRoutes {
     health: HealthServer,
     /// `limits.max_body_bytes`, the largest message the inference service decodes.
     max_message: usize,
+    /// `limits.body_read_timeout_ms`, for the message of a unary call.
+    body_timeout: Duration,
 }
+
+/// Health calls need no token, so their messages, which are empty, may not be large.
+const HEALTH_MESSAGE_LIMIT: usize = 64 << 10;
 
 impl GrpcRoutes {
     pub(super) fn new(
         inference: GrpcInferenceServiceServer<GrpcFront>,
         health: HealthServer,
         max_message: usize,
+        body_timeout: Duration,
     ) -> Self {
         GrpcRoutes {
             inference,
             health,
             max_message,
+            body_timeout,
         }
+    }
+
+    /// The bounds a request's body gets: a deadline unless it is a stream, and a small size
+    /// for the health calls.
+    fn bounded<B>(&self, req: Request<B>) -> Request<BoundedBody<B>> {
+        let path = req.uri().path();
+        let stream = path == super::infer::STREAM_PATH || path.ends_with("/Watch");
+        let limit = super::is_health(path).then_some(HEALTH_MESSAGE_LIMIT);
+        let timeout = (!stream).then_some(self.body_timeout);
+        req.map(|b| BoundedBody::new(b, timeout, limit))
     }
 }
 
@@ -44,12 +63,22 @@ impl GrpcRoutes {
 pub(super) fn as_client_error(status: tonic::Status, max: usize) -> tonic::Status {
     let message = status.message();
     match status.code() {
+        _ if message.starts_with("Error decompressing: size limit") => {
+            tonic::Status::resource_exhausted(format!(
+                "the request message, decompressed, is larger than the limit of {max} bytes (limits.max_body_bytes)"
+            ))
+        }
         tonic::Code::OutOfRange if message.starts_with("Error, decoded message length too large") => {
             tonic::Status::resource_exhausted(format!(
                 "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
             ))
         }
-        tonic::Code::Internal if message.starts_with("failed to decode Protobuf message") => {
+        tonic::Code::Internal
+            if message.starts_with("failed to decode Protobuf message")
+                || message.starts_with("Error decompressing")
+                || message.starts_with("Missing request message")
+                || message.starts_with("protocol error: received message with invalid compression flag") =>
+        {
             tonic::Status::invalid_argument(format!("the request message is not valid: {message}"))
         }
         _ => status,
@@ -92,6 +121,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         use tower::ServiceExt;
         let service = service_of(req.uri().path()).to_string();
+        let req = self.bounded(req);
         if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
             let (svc, max) = (self.inference.clone(), self.max_message);
             Box::pin(async move {

@@ -152,6 +152,18 @@ pub fn check_bytes_framing(data: &[u8], count: u64) -> Result<()> {
     Ok(())
 }
 
+/// BOOL data holds one byte per element, 0 or 1; anything else would reach a backend as an
+/// undefined value.
+pub fn check_bool_bytes(data: &[u8]) -> Result<()> {
+    match data.iter().position(|b| *b > 1) {
+        Some(i) => Err(ProtocolError::invalid(format!(
+            "BOOL element {i} is the byte {}; it must be 0 or 1",
+            data[i]
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Frames byte strings as BYTES tensor data.
 pub fn frame_bytes<'a>(elements: impl IntoIterator<Item = &'a [u8]>) -> Bytes {
     let mut out = Vec::new();

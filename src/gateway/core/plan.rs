@@ -119,6 +119,8 @@ pub fn adapt_request(
     classifications: &[Classification],
 ) -> InferRequest {
     let mut r = req.clone();
+    let classified: std::collections::HashSet<&str> =
+        classifications.iter().map(|c| c.output.as_str()).collect();
     r.parameters.remove("binary_data_output");
     match &mut r.outputs {
         Some(outputs) => {
@@ -128,7 +130,7 @@ pub fn adapt_request(
                     o.parameters.set("binary_data", ParamValue::Bool(true));
                 }
                 o.options.binary_data = caps.binary.then_some(true);
-                if classifications.iter().any(|c| c.output == o.name) {
+                if classified.contains(o.name.as_str()) {
                     o.parameters.remove("classification");
                     o.options.classification = None;
                 }

@@ -5,7 +5,10 @@
 //! converted element by element, with each value checked against its datatype.
 
 mod contents;
+mod fanout;
 mod params;
+
+use std::collections::HashSet;
 
 use bytes::Bytes;
 
@@ -14,8 +17,11 @@ use super::error::{ProtocolError, Result, Role};
 use super::limits::Limits;
 use super::message::{InferRequest, InferResponse, RequestedOutput};
 use super::params::{OutputOptions, RequestOptions};
-use super::tensor::{check_bytes_framing, checked_element_count, format_shape, Tensor};
+use super::tensor::{
+    check_bool_bytes, check_bytes_framing, checked_element_count, format_shape, Tensor,
+};
 
+pub use fanout::{check_fanout, MAX_REPEATED};
 pub use params::{params_from_proto, params_to_proto};
 
 /// The messages of `proto/inference.proto`, generated at build time.
@@ -47,9 +53,10 @@ pub fn decode_infer_request(msg: pb::ModelInferRequest, limits: &Limits) -> Resu
     let options = RequestOptions::from_parameters(&parameters)?;
     let mut raw = raw.into_iter();
     let mut inputs = Vec::with_capacity(msg.inputs.len());
+    let mut seen = HashSet::with_capacity(msg.inputs.len());
     for input in msg.inputs {
         let name = input.name.clone();
-        if inputs.iter().any(|t: &Tensor| t.name == name) {
+        if !seen.insert(name.clone()) {
             return Err(ProtocolError::invalid(format!(
                 "duplicate input name '{name}'"
             )));
@@ -62,8 +69,9 @@ pub fn decode_infer_request(msg: pb::ModelInferRequest, limits: &Limits) -> Resu
         None
     } else {
         let mut list: Vec<RequestedOutput> = Vec::with_capacity(msg.outputs.len());
+        let mut seen = HashSet::with_capacity(msg.outputs.len());
         for o in msg.outputs {
-            if list.iter().any(|r| r.name == o.name) {
+            if !seen.insert(o.name.clone()) {
                 return Err(ProtocolError::invalid(format!(
                     "duplicate output name '{}'",
                     o.name
@@ -149,6 +157,9 @@ fn check_raw(raw: &[u8], datatype: DataType, shape: &[u64], count: u64) -> Resul
                     raw.len(),
                     format_shape(shape)
                 )));
+            }
+            if datatype == DataType::Bool {
+                check_bool_bytes(raw)?;
             }
             Ok(())
         }

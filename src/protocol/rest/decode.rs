@@ -248,12 +248,7 @@ pub(crate) fn check_binary(dt: DataType, shape: &[u64], count: u64, data: &[u8])
                 return Err(size_mismatch(data.len() as u64, dt, shape, need));
             }
             if dt == DataType::Bool {
-                if let Some(i) = data.iter().position(|b| *b > 1) {
-                    return Err(ProtocolError::invalid(format!(
-                        "BOOL element {i} is the byte {}; it must be 0 or 1",
-                        data[i]
-                    )));
-                }
+                crate::protocol::tensor::check_bool_bytes(data)?;
             }
             Ok(())
         }

@@ -1,0 +1,57 @@
+//! prost's codec with one check before each decode: `protocol::grpc::check_fanout`, so that
+//! a message of many empty repeated entries cannot make the decoder allocate a hundred
+//! times its size. The generated service and client use it (`codec_path` in build.rs).
+
+use std::marker::PhantomData;
+
+use prost::bytes::Buf;
+use prost::Message;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::Status;
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+use crate::protocol::grpc::check_fanout;
+
+pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for GuardedCodec<T, U> {
+    fn default() -> Self {
+        GuardedCodec(PhantomData)
+    }
+}
+
+impl<T, U> Codec for GuardedCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = GuardedDecoder<U>;
+
+    fn encoder(&mut self) -> ProstEncoder<T> {
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::default())
+    }
+
+    fn decoder(&mut self) -> GuardedDecoder<U> {
+        GuardedDecoder(ProstCodec::<T, U>::raw_decoder(BufferSettings::default()))
+    }
+}
+
+pub struct GuardedDecoder<U>(ProstDecoder<U>);
+
+impl<U: Message + Default> Decoder for GuardedDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        // The whole message is in one contiguous buffer by the time it is decoded.
+        check_fanout(buf.chunk()).map_err(|e| Status::resource_exhausted(e.message()))?;
+        self.0.decode(buf)
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
+    }
+}
