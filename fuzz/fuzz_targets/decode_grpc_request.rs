@@ -4,10 +4,14 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tensorgate::protocol::grpc::{decode_infer_request, decode_infer_request_bytes, encode_infer_request};
+use tensorgate::protocol::grpc::{
+    check_fanout, decode_infer_request, decode_infer_request_bytes, encode_infer_request,
+};
 use tensorgate::protocol::Limits;
 
 fuzz_target!(|data: &[u8]| {
+    // The look at the wire bytes the gRPC edge takes first never panics either.
+    let _ = check_fanout(data);
     let limits = Limits { max_tensor_elements: 1 << 16, ..Limits::default() };
     let Ok(req) = decode_infer_request_bytes(Bytes::copy_from_slice(data), &limits) else { return };
     let again = decode_infer_request(encode_infer_request("m", "", &req), &limits)
