@@ -27,8 +27,13 @@ pub enum GatewayError {
     Unavailable(String),
     /// The request's deadline passed: 504.
     Timeout(String),
-    /// A backend could not be reached or sent something unusable: 502.
+    /// A backend sent something unusable, or dropped the connection after the request may
+    /// have reached it: 502, INTERNAL.
     BadGateway(String),
+    /// No connection to a backend could be made (nothing was sent): 502 as REST proxies
+    /// answer, but UNAVAILABLE over gRPC, whose clients retry that code, and may: the
+    /// request never ran.
+    Unreachable(String),
     /// A backend answered with an error of its own; its status is passed on.
     Backend {
         status: StatusCode,
@@ -55,7 +60,7 @@ impl GatewayError {
             GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            GatewayError::BadGateway(_) | GatewayError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::Backend { status, .. } => *status,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -78,7 +83,7 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => Code::Unauthenticated,
             GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
             GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
-            GatewayError::Unavailable(_) => Code::Unavailable,
+            GatewayError::Unavailable(_) | GatewayError::Unreachable(_) => Code::Unavailable,
             GatewayError::BadGateway(_) | GatewayError::Internal(_) => Code::Internal,
             GatewayError::Backend { status, .. } => match status.as_u16() {
                 400 | 409 | 412 | 415 | 422 => Code::InvalidArgument,
@@ -112,6 +117,7 @@ impl GatewayError {
             | GatewayError::Unavailable(m)
             | GatewayError::Timeout(m)
             | GatewayError::BadGateway(m)
+            | GatewayError::Unreachable(m)
             | GatewayError::Internal(m) => m,
             GatewayError::Backend { message, .. } => message,
         }
@@ -191,6 +197,7 @@ mod tests {
             (GatewayError::Unavailable("u".into()), Code::Unavailable),
             (GatewayError::Timeout("t".into()), Code::DeadlineExceeded),
             (GatewayError::BadGateway("b".into()), Code::Internal),
+            (GatewayError::Unreachable("b".into()), Code::Unavailable),
             (GatewayError::Internal("i".into()), Code::Internal),
         ];
         for (e, code) in cases {

@@ -1075,3 +1075,31 @@ async fn cancelling_a_stream_cancels_its_requests_in_flight() {
     );
     gw.shutdown().await;
 }
+
+/// A backend that refuses the connection never ran the request: UNAVAILABLE, which gRPC
+/// clients may retry (REST answers 502).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refuses_the_connection_is_unavailable() {
+    let mut worker = Worker::start("w0", "127.0.0.1", 0, &["simple"]).await;
+    // Discovery will not notice the worker is gone before the request does.
+    // No pooled connection either: a reused one would be reset, not refused.
+    let fleet = "refresh_interval_ms = 600000\npool_idle_timeout_ms = 0";
+    let text = gateway_toml(&[("w0", worker.url.as_str())], fleet)
+        .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    let (gw, mut c) = start(parse_config(&text)).await;
+    assert!(c.model_infer(simple(&[1; 16], &[1; 16])).await.is_ok());
+    worker.process.kill();
+    let e = c
+        .model_infer(simple(&[1; 16], &[1; 16]))
+        .await
+        .expect_err("the only backend is gone");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        e.message()
+            .starts_with(&format!("backend 'w0': cannot connect to {}", worker.url)),
+        "{e:?}"
+    );
+    let rest = post_infer(&http_client(), &base(&gw), "simple", &simple_body(1, None)).await;
+    assert_eq!(rest.status, 502, "{rest:?}");
+    gw.shutdown().await;
+}

@@ -382,7 +382,10 @@ fn original_body(original: Original<'_>) -> WireBody {
 
 fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
     match e {
-        BackendError::Connect(m) | BackendError::Reset(m) | BackendError::Failed(m) => {
+        BackendError::Connect(m) => {
+            GatewayError::Unreachable(format!("backend '{}': {m}", backend.name))
+        }
+        BackendError::Reset(m) | BackendError::Failed(m) => {
             GatewayError::BadGateway(format!("backend '{}': {m}", backend.name))
         }
         BackendError::Rejected(m) => GatewayError::BadRequest(m),
