@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod fleet;
 pub mod gateway;
+pub mod logwriter;
 pub mod grpc;
 pub mod metrics;
 pub mod models;

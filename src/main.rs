@@ -86,17 +86,13 @@ enum Command {
     },
 }
 
-/// Log lines (an access-log line per request among them) are written by a thread of their
-/// own, so that no request waits on a `write` to stderr. The buffer holds 128k lines; when it
-/// is full, request paths wait rather than drop lines (`lossy(false)`). The guard flushes what
-/// is buffered when `main` returns.
-fn init_logging(level: &str, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// Log lines are written in batches by a thread of their own (`tensorgate::logwriter`), so
+/// that no request waits on a `write` to stderr; the guard writes what is left when `main`
+/// returns.
+fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("tensorgate-log")
-        .finish(std::io::stderr());
+    let (writer, guard) = tensorgate::logwriter::batched_stderr();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -1,0 +1,198 @@
+//! Log lines, an access-log line per request among them, written in batches: a request's
+//! thread appends its line to a shared buffer (an uncontended lock, no system call), and a
+//! writer thread of its own writes the buffer to stderr every `FLUSH_EVERY`, or at once when
+//! it holds `FLUSH_AT` bytes. A line-per-write logger costs a `write` per request; a
+//! channel-per-line one (tracing-appender) costs a wake-up of its thread per request, which
+//! on a gateway pinned to one core competes with the requests themselves.
+//!
+//! Nothing is dropped: when stderr stalls and the buffer reaches `BLOCK_AT`, request threads
+//! write their lines themselves and so wait, as with an unbuffered logger. What the buffer
+//! holds is written when the guard is dropped (the end of `main`), and at most one
+//! `FLUSH_EVERY` of lines is lost if the process is killed.
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+const FLUSH_AT: usize = 64 << 10;
+const BLOCK_AT: usize = 8 << 20;
+
+#[derive(Default)]
+struct State {
+    buf: Vec<u8>,
+    stopping: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+/// The `MakeWriter` for tracing-subscriber.
+#[derive(Clone)]
+pub struct BatchedStderr {
+    shared: Arc<Shared>,
+}
+
+/// Flushes and stops the writer thread when dropped.
+pub struct FlushGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub fn batched_stderr() -> (BatchedStderr, FlushGuard) {
+    batched(std::io::stderr())
+}
+
+fn batched<W: Write + Send + 'static>(mut out: W) -> (BatchedStderr, FlushGuard) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State::default()),
+        wake: Condvar::new(),
+    });
+    let worker = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("tensorgate-log".into())
+        .spawn(move || loop {
+            let (chunk, stopping) = {
+                let state = worker.state.lock().unwrap_or_else(|e| e.into_inner());
+                let (mut state, _) = worker
+                    .wake
+                    .wait_timeout_while(state, FLUSH_EVERY, |s| {
+                        !s.stopping && s.buf.len() < FLUSH_AT
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                (std::mem::take(&mut state.buf), state.stopping)
+            };
+            if !chunk.is_empty() {
+                let _ = out.write_all(&chunk);
+                let _ = out.flush();
+            }
+            if stopping {
+                return;
+            }
+        })
+        .expect("spawn the log writer thread");
+    (
+        BatchedStderr {
+            shared: shared.clone(),
+        },
+        FlushGuard {
+            shared,
+            thread: Some(thread),
+        },
+    )
+}
+
+impl Drop for FlushGuard {
+    fn drop(&mut self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stopping = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One event's text, handed to the shared buffer when the event is done.
+pub struct Line {
+    shared: Arc<Shared>,
+    text: Vec<u8>,
+}
+
+impl Write for Line {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.text.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.text.is_empty() {
+            return;
+        }
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.buf.len() >= BLOCK_AT || state.stopping {
+            // stderr is not keeping up (or the writer is gone): write, and wait, here. Such
+            // a line may come out ahead of older ones still in the buffer.
+            drop(state);
+            let _ = std::io::stderr().write_all(&self.text);
+            return;
+        }
+        state.buf.extend_from_slice(&self.text);
+        let full = state.buf.len() >= FLUSH_AT;
+        drop(state);
+        if full {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchedStderr {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line {
+            shared: self.shared.clone(),
+            text: Vec::with_capacity(256),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn line(w: &BatchedStderr, text: &str) {
+        use tracing_subscriber::fmt::MakeWriter;
+        let mut l = w.make_writer();
+        l.write_all(text.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn lines_arrive_in_order_within_a_flush_interval_and_all_at_the_end() {
+        let sink = Sink::default();
+        let (w, guard) = batched(sink.clone());
+        line(&w, "a\n");
+        line(&w, "b\n");
+        let deadline = std::time::Instant::now() + FLUSH_EVERY * 20;
+        while sink.0.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(FLUSH_EVERY / 4);
+        }
+        assert_eq!(&*sink.0.lock().unwrap(), b"a\nb\n");
+        for i in 0..1000 {
+            line(&w, &format!("{i}\n"));
+        }
+        drop(guard);
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let expected: String = ["a\n", "b\n"]
+            .into_iter()
+            .map(String::from)
+            .chain((0..1000).map(|i| format!("{i}\n")))
+            .collect();
+        assert_eq!(text, expected);
+    }
+}
