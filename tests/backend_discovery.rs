@@ -301,6 +301,25 @@ async fn triton_is_found_by_its_index_and_its_unavailable_models_are_not_served(
             404,
             "model 'densenet_onnx' has no version '3' (its versions are 1, 2)",
         );
+    // The statistics extension knows each listed version.
+    let stats = env
+        .get("/v2/models/densenet_onnx/versions/2/stats")
+        .await
+        .json();
+    assert_eq!(
+        stats["model_stats"].as_array().map(Vec::len),
+        Some(1),
+        "{stats}"
+    );
+    assert_eq!(stats["model_stats"][0]["version"], "2");
+    let all = env.get("/v2/models/densenet_onnx/stats").await.json();
+    let versions: Vec<&str> = all["model_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions, ["1", "2"]);
     // Unloaded and failed models are listed UNAVAILABLE, a never-loaded one by name only:
     // Triton refuses their metadata, and the gateway does not make them up.
     for m in ["unloaded_model", "broken_model", "never_loaded_model"] {

@@ -110,16 +110,20 @@ pub fn stats(
     if let Some(m) = model {
         lookup(gw, m, version)?;
     }
+    // Every version a model lists: a request names any of them (`lookup` refuses others).
     let known: Vec<(String, String)> = gw
         .fleet
         .catalog()
         .models
         .iter()
-        .map(|(name, e)| {
-            (
-                name.clone(),
-                e.metadata.versions.first().cloned().unwrap_or_default(),
-            )
+        .flat_map(|(name, e)| {
+            let versions = &e.metadata.versions;
+            let listed: Vec<String> = if versions.is_empty() {
+                vec![String::new()]
+            } else {
+                versions.clone()
+            };
+            listed.into_iter().map(move |v| (name.clone(), v))
         })
         .collect();
     Ok(gw.stats.json(model, version, &known))
