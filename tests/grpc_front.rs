@@ -1103,3 +1103,37 @@ async fn a_backend_that_refuses_the_connection_is_unavailable() {
     assert_eq!(rest.status, 502, "{rest:?}");
     gw.shutdown().await;
 }
+
+/// A health Watch says NOT_SERVING when a drain starts, then ends, so that it does not hold
+/// the shutdown for the whole drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_watch_ends_once_a_drain_has_said_not_serving() {
+    use futures_util::StreamExt;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let (gw, _) = start(config(&[], "")).await;
+    let channel = Channel::from_shared(format!("http://{}", gw.grpc_addr.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    gw.gateway.start_draining();
+    let rest: Vec<i32> = tokio::time::timeout(
+        Duration::from_secs(5),
+        watch.map(|r| r.unwrap().status).collect(),
+    )
+    .await
+    .expect("the watch ends");
+    assert_eq!(rest, [ServingStatus::NotServing as i32]);
+    gw.shutdown().await;
+}
