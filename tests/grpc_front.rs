@@ -1137,3 +1137,50 @@ async fn a_health_watch_ends_once_a_drain_has_said_not_serving() {
     assert_eq!(rest, [ServingStatus::NotServing as i32]);
     gw.shutdown().await;
 }
+
+/// A unary call whose message stops arriving holds a concurrency permit only until
+/// `limits.body_read_timeout_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_message_that_stops_arriving_is_cut_off() {
+    let (gw, _) = start(config(&[], "[limits]\nbody_read_timeout_ms = 300\n")).await;
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::convert::Infallible>>(1);
+    // A frame header that announces 100 bytes, and then nothing.
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(&[
+        0, 0, 0, 0, 100,
+    ]))))
+    .await
+    .unwrap();
+    let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/ModelInfer",
+        gw.grpc_addr.unwrap()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(body)
+    .unwrap();
+    let started = std::time::Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(10), http2.request(req))
+        .await
+        .expect("an answer before the client gives up")
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.unwrap().trailers().cloned();
+    let status = tonic::Status::from_header_map(&parts.headers)
+        .or_else(|| trailers.as_ref().and_then(tonic::Status::from_header_map))
+        .expect("a status");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::DeadlineExceeded,
+            "the request message did not arrive within 300 ms (limits.body_read_timeout_ms)"
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(tx);
+    gw.shutdown().await;
+}

@@ -1,4 +1,5 @@
-//! The concerns every listener shares, as tower layers: bearer-token auth and load shedding.
+//! The concerns every listener shares, as tower layers: bearer-token auth and load shedding,
+//! each a `Gate` behind one `GateLayer`.
 //! Each edge pushes them onto its own stack with what is particular to it: the paths that
 //! stay open (health), and how a refusal is written (a JSON body, or a gRPC status).
 
@@ -24,24 +25,74 @@ pub trait Policy: Clone + Send + Sync + 'static {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Refuses a request without a valid bearer token (`[auth]`), before any handler sees it.
-#[derive(Clone)]
-pub struct AuthLayer<P> {
-    gw: Arc<Gateway>,
-    policy: P,
+/// One check a request passes before its handler: what it holds while it is handled (a
+/// concurrency permit), or why it is refused.
+pub trait Gate: Clone + Send + Sync + 'static {
+    type Held: Send + 'static;
+    fn pass(&self, gw: &Gateway, headers: &http::HeaderMap) -> Result<Self::Held, GatewayError>;
 }
 
-impl<P> AuthLayer<P> {
-    pub fn new(gw: Arc<Gateway>, policy: P) -> Self {
-        AuthLayer { gw, policy }
+/// Bearer tokens (`[auth]`).
+#[derive(Clone, Copy)]
+pub struct Tokens;
+
+impl Gate for Tokens {
+    type Held = ();
+    fn pass(&self, gw: &Gateway, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+        gw.authorize(headers.get(header::AUTHORIZATION))
     }
 }
 
-impl<S, P: Clone> Layer<S> for AuthLayer<P> {
-    type Service = Auth<S, P>;
+/// Load shedding: one of `limits.max_concurrent_requests` permits, held until the inner
+/// service answers, or a refusal at once (never a queue).
+#[derive(Clone, Copy)]
+pub struct Permits;
 
-    fn layer(&self, inner: S) -> Auth<S, P> {
-        Auth {
+impl Gate for Permits {
+    type Held = tokio::sync::OwnedSemaphorePermit;
+    fn pass(&self, gw: &Gateway, _: &http::HeaderMap) -> Result<Self::Held, GatewayError> {
+        gw.admit()
+    }
+}
+
+/// A `Gate` in front of an edge's handlers, with the edge's `Policy`.
+#[derive(Clone)]
+pub struct GateLayer<G, P> {
+    gw: Arc<Gateway>,
+    gate: G,
+    policy: P,
+}
+
+pub type AuthLayer<P> = GateLayer<Tokens, P>;
+pub type ShedLayer<P> = GateLayer<Permits, P>;
+pub type Auth<S, P> = Gated<S, Tokens, P>;
+pub type Shed<S, P> = Gated<S, Permits, P>;
+
+impl<P> GateLayer<Tokens, P> {
+    pub fn auth(gw: Arc<Gateway>, policy: P) -> Self {
+        GateLayer {
+            gw,
+            gate: Tokens,
+            policy,
+        }
+    }
+}
+
+impl<P> GateLayer<Permits, P> {
+    pub fn shed(gw: Arc<Gateway>, policy: P) -> Self {
+        GateLayer {
+            gw,
+            gate: Permits,
+            policy,
+        }
+    }
+}
+
+impl<S, G: Clone, P: Clone> Layer<S> for GateLayer<G, P> {
+    type Service = Gated<S, G, P>;
+
+    fn layer(&self, inner: S) -> Gated<S, G, P> {
+        Gated {
             inner,
             layer: self.clone(),
         }
@@ -49,82 +100,17 @@ impl<S, P: Clone> Layer<S> for AuthLayer<P> {
 }
 
 #[derive(Clone)]
-pub struct Auth<S, P> {
+pub struct Gated<S, G, P> {
     inner: S,
-    layer: AuthLayer<P>,
+    layer: GateLayer<G, P>,
 }
 
-impl<S, ReqB, B, P> Service<Request<ReqB>> for Auth<S, P>
+impl<S, ReqB, B, G, P> Service<Request<ReqB>> for Gated<S, G, P>
 where
     S: Service<Request<ReqB>, Response = Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
     B: Send + 'static,
-    P: Policy<Body = B>,
-{
-    type Response = Response<B>;
-    type Error = Infallible;
-    type Future = futures_util::future::Either<
-        std::future::Ready<Result<Response<B>, Infallible>>,
-        S::Future,
-    >;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        use futures_util::future::Either;
-        let path = req.uri().path();
-        if !self.layer.policy.exempt(path) {
-            if let Err(e) = self
-                .layer
-                .gw
-                .authorize(req.headers().get(header::AUTHORIZATION))
-            {
-                let denied = self.layer.policy.deny(&self.layer.gw, path, e);
-                return Either::Left(std::future::ready(Ok(denied)));
-            }
-        }
-        Either::Right(self.inner.call(req))
-    }
-}
-
-/// Sheds a request at once (never queues it) when the gateway handles its limit of
-/// `limits.max_concurrent_requests`; the permit is held until the inner service answers.
-#[derive(Clone)]
-pub struct ShedLayer<P> {
-    gw: Arc<Gateway>,
-    policy: P,
-}
-
-impl<P> ShedLayer<P> {
-    pub fn new(gw: Arc<Gateway>, policy: P) -> Self {
-        ShedLayer { gw, policy }
-    }
-}
-
-impl<S, P: Clone> Layer<S> for ShedLayer<P> {
-    type Service = Shed<S, P>;
-
-    fn layer(&self, inner: S) -> Shed<S, P> {
-        Shed {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Shed<S, P> {
-    inner: S,
-    layer: ShedLayer<P>,
-}
-
-impl<S, ReqB, B, P> Service<Request<ReqB>> for Shed<S, P>
-where
-    S: Service<Request<ReqB>, Response = Response<B>, Error = Infallible>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
+    G: Gate,
     P: Policy<Body = B>,
 {
     type Response = Response<B>;
@@ -140,12 +126,12 @@ where
         if self.layer.policy.exempt(path) {
             return Box::pin(self.inner.call(req));
         }
-        match self.layer.gw.admit() {
-            Ok(permit) => {
+        match self.layer.gate.pass(&self.layer.gw, req.headers()) {
+            Ok(held) => {
                 let answer = self.inner.call(req);
                 Box::pin(async move {
                     let r = answer.await;
-                    drop(permit);
+                    drop(held);
                     r
                 })
             }

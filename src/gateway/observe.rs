@@ -296,6 +296,35 @@ fn record_stats(
         .fetch_add(obs.backend_calls, Ordering::Relaxed);
 }
 
+/// The access-log line of one request (or stream message), the same fields on every edge:
+/// `status` is the HTTP status for REST and the gRPC code for gRPC; `error` the message of a
+/// failed one.
+pub fn access_log(
+    method: &str,
+    path: &str,
+    obs: &Observation,
+    status: u32,
+    bytes_out: u64,
+    elapsed: Duration,
+    error: Option<&str>,
+) {
+    tracing::info!(
+        target: "tensorgate::access",
+        method,
+        path,
+        protocol = obs.protocol.label(),
+        model = obs.model.as_deref().unwrap_or("-"),
+        status,
+        backend = obs.backend.as_deref().unwrap_or("-"),
+        bytes_in = obs.bytes_in,
+        bytes_out,
+        duration_us = elapsed.as_micros() as u64,
+        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+        traceparent = obs.traceparent.as_deref().unwrap_or("-"),
+        error = error.unwrap_or("-"),
+    );
+}
+
 /// W3C trace context: the client's `traceparent` if valid, else a new one.
 pub fn traceparent(incoming: Option<&http::HeaderValue>) -> http::HeaderValue {
     if let Some(v) = incoming {

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
-use crate::gateway::observe::{record_infer, Observation, Phase};
+use crate::gateway::observe::{access_log, record_infer, Observation, Phase};
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
@@ -186,7 +186,16 @@ pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
             0,
         );
     } else {
-        tracing::info!(target: "tensorgate::access", method = "gRPC", path, status = e.grpc_code() as i32, error = e.message());
+        let obs = Observation::new(Protocol::Grpc);
+        access_log(
+            "gRPC",
+            path,
+            &obs,
+            e.grpc_code() as u32,
+            0,
+            Duration::ZERO,
+            Some(e.message()),
+        );
     }
 }
 
@@ -209,19 +218,14 @@ fn finish(
         .with_label_values(&[path, code_name(code)])
         .inc();
     record_infer(&gw.metrics, &gw.stats, obs, status, elapsed, bytes_out);
-    tracing::info!(
-        target: "tensorgate::access",
-        method = "gRPC",
+    access_log(
+        "gRPC",
         path,
-        model = obs.model.as_deref().unwrap_or("-"),
-        status = code as i32,
-        backend = obs.backend.as_deref().unwrap_or("-"),
-        bytes_in = obs.bytes_in,
+        obs,
+        code as u32,
         bytes_out,
-        duration_us = elapsed.as_micros() as u64,
-        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
-        traceparent = obs.traceparent.as_deref().unwrap_or("-"),
-        error = error.map(GatewayError::message).unwrap_or("-"),
+        elapsed,
+        error.map(GatewayError::message),
     );
 }
 

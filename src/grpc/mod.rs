@@ -81,13 +81,13 @@ pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             crate::gateway::REQUEST_ID,
         )))
-        .layer(AuthLayer::new(
+        .layer(AuthLayer::auth(
             gw.clone(),
             GrpcPolicy {
                 streams_exempt: false,
             },
         ))
-        .layer(ShedLayer::new(
+        .layer(ShedLayer::shed(
             gw,
             GrpcPolicy {
                 streams_exempt: true,

@@ -97,8 +97,8 @@ where
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
     let handler = Dispatch(gw.clone());
     let stack = tower::ServiceBuilder::new()
-        .layer(AuthLayer::new(gw.clone(), RestPolicy))
-        .layer(ShedLayer::new(gw.clone(), RestPolicy))
+        .layer(AuthLayer::auth(gw.clone(), RestPolicy))
+        .layer(ShedLayer::shed(gw.clone(), RestPolicy))
         .service(handler);
     // Boxed here, where every type is concrete: rustc cannot prove an unboxed stack future
     // `Send` inside the listener's future (a higher-ranked lifetime limitation).
@@ -132,18 +132,14 @@ where
     if is_infer {
         observe::record_infer(&gw.metrics, &gw.stats, &obs, status, elapsed, bytes_out);
     }
-    tracing::info!(
-        target: "tensorgate::access",
-        method = %method,
-        path = %path,
-        model = obs.model.as_deref().unwrap_or("-"),
-        status = status.as_u16(),
-        backend = obs.backend.as_deref().unwrap_or("-"),
-        bytes_in = obs.bytes_in,
+    observe::access_log(
+        method.as_str(),
+        &path,
+        &obs,
+        u32::from(status.as_u16()),
         bytes_out,
-        duration_us = elapsed.as_micros() as u64,
-        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
-        traceparent = obs.traceparent.as_deref().unwrap_or("-"),
+        elapsed,
+        None,
     );
     response
 }
