@@ -29,10 +29,11 @@ cargo_() {
 }
 
 # ---------------------------------------------------------------------------------------
-# Debian packages. The one list: promtool (Debian's prometheus) for the metrics checks.
+# Debian packages. The one list: promtool (Debian's prometheus) for the metrics checks, and
+# redis-server for the shared-pin tests (tests/shared_pins.rs starts its own instances).
 # python3 / python3-venv are added below only when this machine lacks a working
 # `python3 -m venv`.
-DEBIAN_PACKAGES="prometheus"
+DEBIAN_PACKAGES="prometheus redis-server"
 
 section "Debian packages"
 wanted="$DEBIAN_PACKAGES"

@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod logwriter;
 pub mod metrics;
 pub mod models;
+pub mod pinstore;
 pub mod protocol;
 pub mod reload;
 pub mod rest;

@@ -47,6 +47,9 @@ pub struct Metrics {
     pub classifications: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub backend_tolerated: IntCounterVec,
+    pub pin_store_operations: IntCounterVec,
+    pub pin_store_errors: IntCounterVec,
+    pub pin_store_up: IntGauge,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
@@ -258,6 +261,26 @@ impl Metrics {
                 "tensorgate_backend_tolerated_total",
                 "Backend answers the gateway read past a deviation from the protocol, by kind (see protocol::tolerance): model metadata per discovery round, inference responses per response",
                 &["backend", "tolerance"],
+            ),
+            pin_store_operations: counter(
+                &r,
+                "tensorgate_pin_store_operations_total",
+                "Round trips to the shared pin store (fleet.pins.store = \"redis\"), by operation",
+                &["op"],
+            ),
+            pin_store_errors: counter(
+                &r,
+                "tensorgate_pin_store_errors_total",
+                "Pin store operations that failed or timed out; the request was routed by the hash table instead",
+                &["op"],
+            ),
+            pin_store_up: reg(
+                &r,
+                IntGauge::new(
+                    "tensorgate_pin_store_up",
+                    "1 while the shared pin store answers, 0 after a failure until it answers again",
+                )
+                .expect("valid metric"),
             ),
             registry: r,
         }

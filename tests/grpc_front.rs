@@ -3,12 +3,14 @@
 //! transport, per-request balancing over one channel, and health.
 
 mod common_fleet;
+mod common_grpc;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common_fleet::*;
+use common_grpc::*;
 use http_body_util::BodyExt;
 use serde_json::json;
 use tensorgate::config::Config;
@@ -18,8 +20,6 @@ use tensorgate::protocol::grpc::pb::infer_parameter::ParameterChoice;
 use tensorgate::run::Running;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
-
-type Client = GrpcInferenceServiceClient<Channel>;
 
 /// A gateway config (in-process built-in models unless `backends` are given) with REST and
 /// gRPC on loopback.
@@ -37,38 +37,8 @@ async fn start(config: Config) -> (Running, Client) {
     let gw = tensorgate::run::start(config, true)
         .await
         .expect("the gateway starts");
-    let addr = gw.grpc_addr.expect("the gRPC listener is on");
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to the gRPC listener");
-    (gw, GrpcInferenceServiceClient::new(channel))
-}
-
-fn int64(v: i64) -> pb::InferParameter {
-    pb::InferParameter {
-        parameter_choice: Some(ParameterChoice::Int64Param(v)),
-    }
-}
-
-fn boolean(v: bool) -> pb::InferParameter {
-    pb::InferParameter {
-        parameter_choice: Some(ParameterChoice::BoolParam(v)),
-    }
-}
-
-fn input(name: &str, datatype: &str, shape: &[i64]) -> pb::model_infer_request::InferInputTensor {
-    pb::model_infer_request::InferInputTensor {
-        name: name.into(),
-        datatype: datatype.into(),
-        shape: shape.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn le_i32(values: &[i32]) -> Bytes {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    let client = connect(gw.grpc_addr.expect("the gRPC listener is on")).await;
+    (gw, client)
 }
 
 /// `simple` with raw contents: INPUT0 = a, INPUT1 = b.
@@ -82,29 +52,6 @@ fn simple(a: &[i32], b: &[i32]) -> pb::ModelInferRequest {
         raw_input_contents: vec![le_i32(a), le_i32(b)],
         ..Default::default()
     }
-}
-
-fn i32s(raw: &[u8]) -> Vec<i32> {
-    raw.chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn output<'a>(r: &'a pb::ModelInferResponse, name: &str) -> &'a [u8] {
-    let i = r
-        .outputs
-        .iter()
-        .position(|o| o.name == name)
-        .unwrap_or_else(|| panic!("no output {name} in {r:?}"));
-    &r.raw_output_contents[i]
-}
-
-fn backend_of<T>(r: &tonic::Response<T>) -> String {
-    r.metadata()
-        .get("x-tensorgate-backend")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[track_caller]
@@ -608,27 +555,6 @@ async fn metadata_config_statistics_and_index() {
         assert!(metrics.contains(series), "{series} not in\n{metrics}");
     }
     gw.shutdown().await;
-}
-
-/// `accumulate` over gRPC: its running sum after `value`.
-async fn accumulate_grpc(
-    c: &mut Client,
-    id: pb::InferParameter,
-    value: i32,
-    start: bool,
-) -> Result<(i32, String), tonic::Status> {
-    let mut req = pb::ModelInferRequest {
-        model_name: "accumulate".into(),
-        inputs: vec![input("INPUT0", "INT32", &[1])],
-        raw_input_contents: vec![le_i32(&[value])],
-        ..Default::default()
-    };
-    req.parameters.insert("sequence_id".into(), id);
-    req.parameters
-        .insert("sequence_start".into(), boolean(start));
-    let r = c.model_infer(req).await?;
-    let backend = backend_of(&r);
-    Ok((i32s(output(r.get_ref(), "OUTPUT0"))[0], backend))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

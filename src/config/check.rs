@@ -119,11 +119,50 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             });
         }
     }
+    errors.extend(
+        check_pins(&config.fleet.pins)
+            .into_iter()
+            .map(|message| ConfigError {
+                line: None,
+                message,
+            }),
+    );
     if errors.is_empty() {
         Ok(config)
     } else {
         Err(errors)
     }
+}
+
+/// `[fleet.pins]`: a Redis store needs a URL the client accepts, and the bounds must be
+/// usable. A URL given to the memory store is refused rather than ignored: it says the
+/// operator meant to share pins.
+fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
+    let mut errors = Vec::new();
+    match (pins.store, &pins.url) {
+        (super::PinStoreKind::Redis, None) => errors.push(
+            "fleet.pins.url is required with store = \"redis\" (redis://host:port/db or rediss://...)".into(),
+        ),
+        (super::PinStoreKind::Redis, Some(url)) => {
+            if let Err(e) = crate::pinstore::check_url(url) {
+                errors.push(format!("fleet.pins.url: {e}"));
+            }
+        }
+        (super::PinStoreKind::Memory, Some(_)) => errors.push(
+            "fleet.pins.url is set but fleet.pins.store is \"memory\"; set store = \"redis\" to use it".into(),
+        ),
+        (super::PinStoreKind::Memory, None) => {}
+    }
+    if pins.key_prefix.is_empty() {
+        errors.push("fleet.pins.key_prefix must not be empty".into());
+    }
+    if !(1..=60_000).contains(&pins.timeout_ms) {
+        errors.push(format!(
+            "fleet.pins.timeout_ms must be from 1 to 60000, not {}",
+            pins.timeout_ms
+        ));
+    }
+    errors
 }
 
 /// The files a config names that cannot be read, one error each: what `serve` would refuse
@@ -301,5 +340,30 @@ mod tests {
         );
         let e = errors("[[backends]]\nname = \"a\"\nurl = \"builtin\"\nencoding = \"xml\"\n");
         assert!(e[0].starts_with("line 4: unknown variant `xml`"), "{e:?}");
+    }
+
+    #[test]
+    fn pin_store_settings_are_checked() {
+        assert_eq!(
+            errors("[fleet.pins]\nstore = \"redis\"\n"),
+            ["fleet.pins.url is required with store = \"redis\" (redis://host:port/db or rediss://...)"]
+        );
+        assert_eq!(
+            errors("[fleet.pins]\nstore = \"redis\"\nurl = \"http://:pw@h:1\"\ntimeout_ms = 0\nkey_prefix = \"\"\n"),
+            [
+                "fleet.pins.url: 'http://:***@h:1' is not a redis:// or rediss:// URL",
+                "fleet.pins.key_prefix must not be empty",
+                "fleet.pins.timeout_ms must be from 1 to 60000, not 0",
+            ]
+        );
+        assert_eq!(
+            errors("[fleet.pins]\nurl = \"redis://h:1\"\n"),
+            ["fleet.pins.url is set but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
+        );
+        let ok =
+            parse_and_check("[fleet.pins]\nstore = \"redis\"\nurl = \"rediss://:pw@h:6380/2\"\n")
+                .unwrap();
+        assert_eq!(ok.fleet.pins.key_prefix, "tensorgate:pin:");
+        assert_eq!(ok.fleet.pins.timeout_ms, 50);
     }
 }

@@ -87,6 +87,41 @@ pub struct BackendTls {
     pub key: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinStoreKind {
+    /// Each replica pins the sequences it sees, in its own memory.
+    #[default]
+    Memory,
+    /// Pins live in Redis, one fact that every replica pointed at it reads.
+    Redis,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PinsConfig {
+    pub store: PinStoreKind,
+    /// `redis://[:password@]host:port[/db]`, or `rediss://` for TLS (checked against
+    /// Mozilla's roots and the system's). Required with `store = "redis"`.
+    pub url: Option<String>,
+    /// Prefix of every key, so that several gateways (or other users) can share one Redis.
+    pub key_prefix: String,
+    /// Bound of every Redis operation, connecting included. Past it the request is routed as
+    /// if Redis were not there (by the hash table and the past owners), never failed.
+    pub timeout_ms: u64,
+}
+
+impl Default for PinsConfig {
+    fn default() -> Self {
+        PinsConfig {
+            store: PinStoreKind::Memory,
+            url: None,
+            key_prefix: "tensorgate:pin:".into(),
+            timeout_ms: 50,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
@@ -261,6 +296,8 @@ pub struct FleetConfig {
     pub watch_config: bool,
     /// TLS for https:// backends.
     pub tls: BackendTls,
+    /// Where sequence pins live: this replica's memory, or a Redis that every replica shares.
+    pub pins: PinsConfig,
 }
 
 fn table_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
@@ -291,6 +328,7 @@ impl Default for FleetConfig {
             max_sequences: 1_000_000,
             watch_config: true,
             tls: BackendTls::default(),
+            pins: PinsConfig::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
+use crate::pinstore::PinStore;
 use crate::routing::Router;
 
 /// Echoed to the client and passed to backends, for correlating logs.
@@ -31,6 +32,8 @@ pub struct Gateway {
     pub labels: ArcSwap<labels::Labels>,
     pub fleet: Arc<Fleet>,
     pub router: Router,
+    /// Where pins are shared between replicas; `None` keeps them in `router` only.
+    pub pin_store: Option<Arc<PinStore>>,
     pub metrics: Arc<Metrics>,
     pub stats: observe::Stats,
     draining: AtomicBool,
@@ -41,6 +44,8 @@ pub struct Gateway {
     /// Serializes reloads and DNS rediscoveries: each reconciles the fleet with a config and
     /// must not interleave with another, or an older config could be applied last.
     reload_lock: tokio::sync::Mutex<()>,
+    /// When a request last made the fleet resolve its DNS backends again (`catch_up`).
+    caught_up: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Keeps a gauge raised while a request is handled, even if the client goes away.
@@ -72,6 +77,11 @@ impl Gateway {
                 config.fleet.max_sequences,
                 Duration::from_millis(config.fleet.sequence_idle_timeout_ms),
             ),
+            pin_store: PinStore::from_config(
+                &config.fleet.pins,
+                Duration::from_millis(config.fleet.sequence_idle_timeout_ms),
+                &metrics,
+            )?,
             fleet,
             metrics,
             stats: observe::Stats::default(),
@@ -82,6 +92,7 @@ impl Gateway {
             )),
             max_concurrent: config.limits.max_concurrent_requests.max(1),
             reload_lock: tokio::sync::Mutex::new(()),
+            caught_up: tokio::sync::Mutex::new(None),
             config: ArcSwap::new(config),
         })
     }
@@ -136,6 +147,24 @@ impl Gateway {
         self.fleet.reconcile(&config).await?;
         self.forget_removed_backends();
         Ok(())
+    }
+
+    /// Resolves the DNS backends again now, for a request that the shared pin store sends to
+    /// a backend this replica has not discovered yet (another replica saw it first). However
+    /// many requests ask, it runs at most once a second; those that asked meanwhile wait for
+    /// the run in progress and take its result.
+    pub async fn catch_up(&self) {
+        let mut last = self.caught_up.lock().await;
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        tracing::info!(
+            "a shared pin names a backend this replica does not know; resolving DNS backends now"
+        );
+        if let Err(e) = self.rediscover().await {
+            tracing::warn!(error = %e, "DNS rediscovery failed");
+        }
+        *last = Some(std::time::Instant::now());
     }
 
     /// Drops the per-backend series of backends no longer in the fleet: a DNS backend is

@@ -126,13 +126,13 @@ pub struct Route<C> {
 }
 
 pub struct Router {
-    pub pins: PinTable,
+    pub pins: std::sync::Arc<PinTable>,
 }
 
 impl Router {
     pub fn new(max_sequences: usize, idle: Duration) -> Self {
         Router {
-            pins: PinTable::new(max_sequences, idle),
+            pins: std::sync::Arc::new(PinTable::new(max_sequences, idle)),
         }
     }
 

@@ -16,6 +16,25 @@ struct PinKey {
 struct Pin {
     backend: String,
     last_seen: Instant,
+    /// When a shared store last held this pin (set, read or refreshed there), or when it was
+    /// made here. Unused without a shared store.
+    confirmed: Instant,
+    /// No refresh of this pin is started before this instant: one at a time.
+    refresh_after: Instant,
+}
+
+/// A pin as the cache of a shared store sees it (`crate::pinstore`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cached {
+    Absent,
+    /// Confirmed within the store's TTL: the store still holds it. `refresh` says that it is
+    /// this request's turn to refresh it there.
+    Fresh {
+        refresh: bool,
+    },
+    /// Not confirmed for a whole TTL: the store may have let it expire, and another replica
+    /// may have pinned the sequence since.
+    Stale,
 }
 
 pub struct PinTable {
@@ -70,14 +89,60 @@ impl PinTable {
         if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
             return false;
         }
+        let now = Instant::now();
         self.pins.insert(
             key,
             Pin {
                 backend: backend.to_string(),
-                last_seen: Instant::now(),
+                last_seen: now,
+                confirmed: now,
+                refresh_after: now,
             },
         );
         true
+    }
+
+    /// The state of a pin against a shared store whose entries live `ttl` after their last
+    /// refresh. At most one caller per `refresh_every` is told to refresh it.
+    pub fn cached(
+        &self,
+        model: &str,
+        id: &SequenceId,
+        ttl: Duration,
+        refresh_every: Duration,
+    ) -> Cached {
+        let key = PinKey {
+            model: model.to_string(),
+            id: id.clone(),
+        };
+        let Some(mut pin) = self.pins.get_mut(&key) else {
+            return Cached::Absent;
+        };
+        let now = Instant::now();
+        let age = now.duration_since(pin.confirmed);
+        if age >= ttl {
+            return Cached::Stale;
+        }
+        let refresh = age >= refresh_every && now >= pin.refresh_after;
+        if refresh {
+            pin.refresh_after = now + refresh_every;
+        }
+        Cached::Fresh { refresh }
+    }
+
+    /// Records that the shared store holds `backend` for a sequence pinned here (after
+    /// reading it there, or writing it). A pin that ended meanwhile stays ended.
+    pub fn confirm(&self, model: &str, id: &SequenceId, backend: &str) {
+        let key = PinKey {
+            model: model.to_string(),
+            id: id.clone(),
+        };
+        if let Some(mut pin) = self.pins.get_mut(&key) {
+            if pin.backend != backend {
+                pin.backend = backend.to_string();
+            }
+            pin.confirmed = Instant::now();
+        }
     }
 
     pub fn remove(&self, model: &str, id: &SequenceId) {
@@ -116,6 +181,40 @@ mod tests {
         assert_eq!(t.get("other", &id), None);
         t.remove("m", &id);
         assert_eq!(t.get("m", &id), None);
+    }
+
+    #[test]
+    fn cached_pins_turn_stale_after_the_ttl_and_refresh_one_at_a_time() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let id = SequenceId::Uint(9);
+        let (ttl, every) = (Duration::from_millis(80), Duration::from_millis(20));
+        assert_eq!(t.cached("m", &id, ttl, every), Cached::Absent);
+        t.insert("m", &id, "b1");
+        assert_eq!(
+            t.cached("m", &id, ttl, every),
+            Cached::Fresh { refresh: false }
+        );
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            t.cached("m", &id, ttl, every),
+            Cached::Fresh { refresh: true }
+        );
+        assert_eq!(
+            t.cached("m", &id, ttl, every),
+            Cached::Fresh { refresh: false },
+            "one refresh at a time"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(t.cached("m", &id, ttl, every), Cached::Stale);
+        t.confirm("m", &id, "b2");
+        assert_eq!(
+            t.cached("m", &id, ttl, every),
+            Cached::Fresh { refresh: false }
+        );
+        assert_eq!(t.get("m", &id).as_deref(), Some("b2"));
+        t.remove("m", &id);
+        t.confirm("m", &id, "b3");
+        assert_eq!(t.get("m", &id), None, "an ended pin stays ended");
     }
 
     #[test]

@@ -254,6 +254,35 @@ pub async fn start_gateway(config: Config) -> Running {
         .expect("the gateway starts")
 }
 
+/// The backend that owns sequence `id` of `accumulate` under a replica's current table.
+pub fn hash_owner(gw: &Running, id: u64) -> String {
+    let catalog = gw.gateway.fleet.catalog();
+    let entry = catalog.get("accumulate").expect("accumulate is served");
+    let key = tensorgate::routing::sequence_key(
+        "accumulate",
+        &tensorgate::protocol::SequenceId::Uint(id),
+    );
+    entry.ready[entry.table.lookup(key).expect("a non-empty table")]
+        .name
+        .clone()
+}
+
+/// The sequences of `live` whose hash owner on `gw` is no longer the backend they started
+/// on; at least 5, or a test of a fleet change would prove nothing.
+pub fn moved_by_the_change(gw: &Running, live: &[Seq]) -> Vec<u64> {
+    let moved: Vec<u64> = live
+        .iter()
+        .filter(|s| Some(hash_owner(gw, s.id)) != s.backend)
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        moved.len() >= 5,
+        "only {} live sequences hash elsewhere now",
+        moved.len()
+    );
+    moved
+}
+
 pub fn base(running: &Running) -> String {
     format!("http://{}", running.addr)
 }

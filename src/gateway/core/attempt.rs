@@ -100,11 +100,12 @@ impl Attempt<'_> {
         let in_sequence = options.sequence_id.is_some();
         let mut refused: Option<String> = None;
         let mut refusal: Option<GatewayError> = None;
+        let store = gw.pin_store.as_ref().filter(|_| in_sequence);
+        let mut must_claim = store.is_some_and(|s| s.before_route(&gw.router.pins, model, options));
+        // The catalog as this request sees it; newer after a catch-up.
+        let mut entry = std::borrow::Cow::Borrowed(entry);
         loop {
-            let route = match gw
-                .router
-                .route(entry.choices(), model, options, refused.as_deref())
-            {
+            let mut route = match self.route(&entry, refused.as_deref()) {
                 Ok(r) => r,
                 // The backend that failed was the only one: its error is the answer.
                 Err(e) => {
@@ -112,15 +113,40 @@ impl Attempt<'_> {
                     return Err(refusal.unwrap_or(e));
                 }
             };
+            if let (Some(store), true) = (store, std::mem::take(&mut must_claim)) {
+                let id = options.sequence_id.as_ref().expect("in a sequence");
+                let pins = &gw.router.pins;
+                if let Some(holder) = store.claim(pins, model, id, &route.backend.key).await {
+                    // Another replica pinned the sequence first: its choice is the pin.
+                    pins.insert(model, id, &holder);
+                    if !entry.ready.iter().any(|h| h.key == holder) {
+                        // It may know a backend that this replica has yet to discover.
+                        gw.catch_up().await;
+                        if let Some(newer) = gw.fleet.catalog().get(model) {
+                            entry = std::borrow::Cow::Owned(newer.clone());
+                        }
+                    }
+                    route = self.route(&entry, refused.as_deref())?;
+                }
+            }
             let backend = route.backend.clone();
             let outcome = match self.on(&backend, &labels, obs).await {
                 Err(f) if f.rejected && !route.fallbacks.is_empty() => {
                     self.fall_back(route, f, &labels, obs).await
                 }
-                other => other,
+                other => other.map(|o| (o, None)),
             };
             let failure = match outcome {
-                Ok(outcome) => return Ok(outcome),
+                Ok((outcome, moved_to)) => {
+                    if let Some(store) = store {
+                        let moved = moved_to.is_some();
+                        let served = moved_to.unwrap_or(backend);
+                        store
+                            .served(&gw.router.pins, model, options, &served.key, moved)
+                            .await;
+                    }
+                    return Ok(outcome);
+                }
                 Err(f) => f,
             };
             // Inside a sequence only a start may move: any other request's state is on the
@@ -152,6 +178,16 @@ impl Attempt<'_> {
         }
     }
 
+    fn route(
+        &self,
+        entry: &CatalogEntry,
+        refused: Option<&str>,
+    ) -> Result<BackendRoute, GatewayError> {
+        self.gw
+            .router
+            .route(entry.choices(), self.model, &self.req.options, refused)
+    }
+
     /// One attempt on `backend`, with the classifications it needs from the gateway.
     async fn on(
         &self,
@@ -167,15 +203,15 @@ impl Attempt<'_> {
     /// After the hash's backend rejected a sequence request this replica had no pin for,
     /// tries the sequence's owners under the model's past tables, in order, while they
     /// reject it too. A rejection (400) changed no state, so nothing runs twice. The one
-    /// that serves the request becomes the sequence's pin; if none does, the first
-    /// rejection is the answer.
+    /// that serves the request becomes the sequence's pin (and is returned beside the
+    /// answer); if none does, the first rejection is the answer.
     async fn fall_back(
         &self,
         route: BackendRoute,
         first: Failure,
         labels: &Labels,
         obs: &mut Observation,
-    ) -> Result<Outcome, Failure> {
+    ) -> Result<(Outcome, Option<std::sync::Arc<BackendHandle>>), Failure> {
         let router = &self.gw.router;
         for past_owner in &route.fallbacks {
             tracing::info!(
@@ -188,13 +224,16 @@ impl Attempt<'_> {
             match self.on(past_owner, labels, obs).await {
                 Ok(response) => {
                     router.pin(self.model, &self.req.options, past_owner.as_ref());
-                    return Ok(response);
+                    return Ok((response, Some(past_owner.clone())));
                 }
                 Err(f) if f.rejected => continue,
                 Err(f) => return Err(f),
             }
         }
         router.unpin(self.model, &self.req.options);
+        if let (Some(store), Some(id)) = (&self.gw.pin_store, &self.req.options.sequence_id) {
+            store.forget(self.model, id).await;
+        }
         obs.backend = Some(route.backend.name.clone());
         Err(first)
     }

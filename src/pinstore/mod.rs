@@ -1,0 +1,269 @@
+//! Shared sequence pins (`[fleet.pins] store = "redis"`): a live sequence's backend as one
+//! fact in Redis that every replica reads, so that replicas that disagree about the fleet,
+//! or one that just restarted, still send a sequence where its state is.
+//!
+//! The router's own pin table stays in front as a cache. The store is consulted:
+//! - before routing a sequence request this replica holds no fresh pin for: one round trip
+//!   that returns the stored backend or claims the one the hash chose (`claim`);
+//! - after a start is served (the start decides, whatever an older sequence with the same
+//!   id left), after a past owner served a sequence the hash had moved, and at its end;
+//! - in the background, about four times per TTL while a sequence is in use, to renew its
+//!   TTL there and to notice a pin another replica changed.
+//!
+//! Redis is never a reason to fail a request: when an operation fails or times out, the
+//! request is routed as without a store (the hash table, the past owners, the local pins),
+//! and the store is left alone for a second before it is tried again.
+
+mod redis_pins;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounter, IntGauge};
+
+use crate::config::{PinStoreKind, PinsConfig};
+use crate::metrics::Metrics;
+use crate::protocol::{RequestOptions, SequenceId};
+use crate::routing::pins::{Cached, PinTable};
+pub use redis_pins::{check_url, pin_key, redact};
+
+/// After a failure the store is not asked again for this long: requests meanwhile do not
+/// each wait for a timeout.
+const BACKOFF: Duration = Duration::from_secs(1);
+/// At most one warning per this long; the metric counts every failure.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy)]
+enum Op {
+    Claim,
+    Put,
+    Remove,
+    Refresh,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::Claim, Op::Put, Op::Remove, Op::Refresh];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Claim => "claim",
+            Op::Put => "put",
+            Op::Remove => "remove",
+            Op::Refresh => "refresh",
+        }
+    }
+}
+
+/// Counter handles resolved once: the request path does no label lookups.
+struct OpMetrics {
+    calls: IntCounter,
+    errors: IntCounter,
+}
+
+pub struct PinStore {
+    redis: redis_pins::RedisPins,
+    url: String,
+    ttl: Duration,
+    timeout: Duration,
+    refresh_every: Duration,
+    ops: [OpMetrics; 4],
+    up: IntGauge,
+    epoch: Instant,
+    /// Milliseconds since `epoch` until which the store is skipped.
+    skip_until: AtomicU64,
+    last_warning: AtomicU64,
+    failures_since_warning: AtomicU64,
+}
+
+impl PinStore {
+    /// The shared store the config asks for, or `None` for pins in memory only.
+    pub fn from_config(
+        pins: &PinsConfig,
+        idle: Duration,
+        metrics: &Metrics,
+    ) -> Result<Option<Arc<Self>>, String> {
+        if pins.store == PinStoreKind::Memory {
+            return Ok(None);
+        }
+        let url = pins
+            .url
+            .as_deref()
+            .ok_or("fleet.pins.url is required with store = \"redis\"")?;
+        let timeout = Duration::from_millis(pins.timeout_ms.max(1));
+        let store = PinStore {
+            redis: redis_pins::RedisPins::new(url, &pins.key_prefix, idle, timeout)?,
+            url: redact(url),
+            ttl: idle,
+            timeout,
+            refresh_every: (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30)),
+            ops: Op::ALL.map(|op| OpMetrics {
+                calls: metrics.pin_store_operations.with_label_values(&[op.name()]),
+                errors: metrics.pin_store_errors.with_label_values(&[op.name()]),
+            }),
+            up: metrics.pin_store_up.clone(),
+            epoch: Instant::now(),
+            skip_until: AtomicU64::new(0),
+            last_warning: AtomicU64::new(0),
+            failures_since_warning: AtomicU64::new(0),
+        };
+        store.up.set(1);
+        tracing::info!(url = %store.url, ttl_ms = idle.as_millis() as u64, "sequence pins are shared through Redis");
+        Ok(Some(Arc::new(store)))
+    }
+
+    /// Before routing a request of a sequence: whether the route must be claimed in the store
+    /// (`claim`) because this replica holds no pin the store still vouches for. A fresh pin
+    /// whose turn has come is renewed in the background, off the request's path.
+    pub fn before_route(
+        self: &Arc<Self>,
+        pins: &Arc<PinTable>,
+        model: &str,
+        opts: &RequestOptions,
+    ) -> bool {
+        let Some(id) = &opts.sequence_id else {
+            return false;
+        };
+        if opts.sequence_start {
+            return false;
+        }
+        match pins.cached(model, id, self.ttl, self.refresh_every) {
+            Cached::Absent | Cached::Stale => true,
+            Cached::Fresh { refresh: false } => false,
+            Cached::Fresh { refresh: true } => {
+                self.refresh_later(pins.clone(), model, id.clone());
+                false
+            }
+        }
+    }
+
+    /// Claims the sequence for `chosen`, the backend routing picked. Returns the backend that
+    /// the store holds instead, when another replica pinned the sequence first. Without an
+    /// answer from the store, `None`: the route stands.
+    pub async fn claim(
+        &self,
+        pins: &PinTable,
+        model: &str,
+        id: &SequenceId,
+        chosen: &str,
+    ) -> Option<String> {
+        let key = self.redis.key(model, id);
+        let holder = self.run(Op::Claim, self.redis.claim(&key, chosen)).await?;
+        pins.confirm(model, id, &holder);
+        (holder != chosen).then_some(holder)
+    }
+
+    /// After a backend served a request of a sequence: a start or a move is stored, an end
+    /// removes the pin. Other requests need nothing: their pin is in the store already.
+    pub async fn served(
+        &self,
+        pins: &PinTable,
+        model: &str,
+        opts: &RequestOptions,
+        backend: &str,
+        moved: bool,
+    ) {
+        let Some(id) = &opts.sequence_id else { return };
+        let key = self.redis.key(model, id);
+        if opts.sequence_end {
+            self.run(Op::Remove, self.redis.remove(&key)).await;
+        } else if (opts.sequence_start || moved)
+            && self
+                .run(Op::Put, self.redis.put(&key, backend))
+                .await
+                .is_some()
+        {
+            pins.confirm(model, id, backend);
+        }
+    }
+
+    /// Forgets a claim for a sequence that no backend knew.
+    pub async fn forget(&self, model: &str, id: &SequenceId) {
+        let key = self.redis.key(model, id);
+        self.run(Op::Remove, self.redis.remove(&key)).await;
+    }
+
+    fn refresh_later(self: &Arc<Self>, pins: Arc<PinTable>, model: &str, id: SequenceId) {
+        let Some(backend) = pins.get(model, &id) else {
+            return;
+        };
+        let store = self.clone();
+        let model = model.to_string();
+        tokio::spawn(async move {
+            let key = store.redis.key(&model, &id);
+            let Some(holder) = store
+                .run(Op::Refresh, store.redis.claim(&key, &backend))
+                .await
+            else {
+                return;
+            };
+            if holder != backend {
+                tracing::warn!(
+                    model = %model,
+                    sequence = %crate::routing::describe_sequence(&id),
+                    here = %backend,
+                    store = %holder,
+                    "another replica pinned this sequence elsewhere; following the store"
+                );
+            }
+            pins.confirm(&model, &id, &holder);
+        });
+    }
+
+    /// Runs one operation within the timeout, unless the store failed less than `BACKOFF`
+    /// ago. `None` means no answer, for whatever reason; the caller routes without one.
+    async fn run<T>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Option<T> {
+        let now = self.now_ms();
+        if now < self.skip_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let m = &self.ops[op as usize];
+        m.calls.inc();
+        let error = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(v)) => {
+                self.up.set(1);
+                return Some(v);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+        };
+        m.errors.inc();
+        self.up.set(0);
+        self.skip_until.store(
+            self.now_ms() + BACKOFF.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        self.warn(op, &error);
+        None
+    }
+
+    fn warn(&self, op: Op, error: &str) {
+        let now = self.now_ms();
+        let last = self.last_warning.load(Ordering::Relaxed);
+        let suppressed = self.failures_since_warning.fetch_add(1, Ordering::Relaxed);
+        if (last != 0 && now < last + WARN_EVERY.as_millis() as u64)
+            || self
+                .last_warning
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.failures_since_warning.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            url = %self.url,
+            op = op.name(),
+            error,
+            failures_since_last_warning = suppressed,
+            "pin store unavailable; routing by the hash table and this replica's pins until it answers"
+        );
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}

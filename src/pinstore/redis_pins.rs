@@ -1,0 +1,204 @@
+//! The Redis side of the shared pins: one key per live sequence, holding its backend's key
+//! (the backend URL, the same on every replica), with a TTL of the sequence idle timeout.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script};
+
+use crate::protocol::SequenceId;
+
+/// Get-or-claim in one round trip: the holder of the key if there is one (its TTL renewed,
+/// since a request uses it), else ARGV[1], stored with the TTL. Redis runs a script
+/// atomically, so two replicas that claim at once agree on the first.
+const CLAIM: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return holder
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+";
+
+pub struct RedisPins {
+    conn: ConnectionManager,
+    claim: Script,
+    prefix: String,
+    ttl_ms: u64,
+}
+
+/// Accepts what the client accepts, and only the schemes the docs promise.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let parsed = redis::parse_redis_url(url)
+        .ok_or_else(|| format!("'{}' is not a redis:// or rediss:// URL", redact(url)))?;
+    if !matches!(parsed.scheme(), "redis" | "rediss") {
+        return Err(format!(
+            "'{}' must start with redis:// or rediss://",
+            redact(url)
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("'{}' has no host", redact(url)));
+    }
+    let db = parsed.path().trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!(
+            "'{}': the path must be a database number, as in redis://host:6379/0, not '/{db}'",
+            redact(url)
+        ));
+    }
+    Client::open(url)
+        .map(drop)
+        .map_err(|e| format!("'{}': {e}", redact(url)))
+}
+
+/// The URL without its password, for messages and logs, whatever its scheme.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
+        return url.to_string();
+    };
+    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
+        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+impl RedisPins {
+    /// Connects lazily: a Redis that is down at startup delays nothing, and the manager
+    /// reconnects by itself after a connection breaks.
+    pub fn new(url: &str, prefix: &str, ttl: Duration, timeout: Duration) -> Result<Self, String> {
+        let client = Client::open(url).map_err(|e| format!("{}: {e}", redact(url)))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            // One reconnection attempt per failed operation: the caller already routes
+            // without the store meanwhile, and retries come with later requests.
+            .set_number_of_retries(1)
+            .set_max_delay(timeout);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("{}: {e}", redact(url)))?;
+        Ok(RedisPins {
+            conn,
+            claim: Script::new(CLAIM),
+            prefix: prefix.to_string(),
+            ttl_ms: ttl.as_millis().max(1) as u64,
+        })
+    }
+
+    pub fn key(&self, model: &str, id: &SequenceId) -> String {
+        pin_key(&self.prefix, model, id)
+    }
+
+    /// The sequence's backend: the one already stored, or `backend`, stored now.
+    pub async fn claim(&self, key: &str, backend: &str) -> redis::RedisResult<String> {
+        let mut conn = self.conn.clone();
+        self.claim
+            .key(key)
+            .arg(backend)
+            .arg(self.ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+    }
+
+    /// Stores `backend` whatever was there: a start begins a new sequence, and a past owner
+    /// that served the sequence holds its state.
+    pub async fn put(&self, key: &str, backend: &str) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(key)
+            .arg(backend)
+            .arg("PX")
+            .arg(self.ttl_ms)
+            .query_async(&mut conn)
+            .await
+    }
+
+    pub async fn remove(&self, key: &str) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("DEL").arg(key).query_async(&mut conn).await
+    }
+}
+
+/// `{prefix}{model}:u:{id}` or `{prefix}{model}:s:{id}`, so that 7 and "7" differ. The model
+/// name has `%` and `:` percent-encoded, so that no two (model, id) pairs share a key.
+pub fn pin_key(prefix: &str, model: &str, id: &SequenceId) -> String {
+    let mut key = String::with_capacity(prefix.len() + model.len() + 24);
+    key.push_str(prefix);
+    for c in model.chars() {
+        match c {
+            '%' => key.push_str("%25"),
+            ':' => key.push_str("%3A"),
+            c => key.push(c),
+        }
+    }
+    match id {
+        SequenceId::Uint(u) => {
+            key.push_str(":u:");
+            key.push_str(itoa::Buffer::new().format(*u));
+        }
+        SequenceId::String(s) => {
+            key.push_str(":s:");
+            key.push_str(s);
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_readable_and_unambiguous() {
+        let p = "tensorgate:pin:";
+        assert_eq!(
+            pin_key(p, "accumulate", &SequenceId::Uint(7)),
+            "tensorgate:pin:accumulate:u:7"
+        );
+        assert_eq!(
+            pin_key(p, "accumulate", &SequenceId::String("7".into())),
+            "tensorgate:pin:accumulate:s:7"
+        );
+        // Without the escape these two would both be "a:s:u:7".
+        assert_ne!(
+            pin_key(p, "a:s", &SequenceId::Uint(7)),
+            pin_key(p, "a", &SequenceId::String("u:7".into()))
+        );
+        assert_eq!(
+            pin_key(p, "a:s%", &SequenceId::Uint(7)),
+            "tensorgate:pin:a%3As%25:u:7"
+        );
+    }
+
+    #[test]
+    fn urls_are_checked_and_passwords_hidden() {
+        assert_eq!(check_url("redis://127.0.0.1:6379/0"), Ok(()));
+        assert_eq!(check_url("rediss://:secret@redis.example:6380"), Ok(()));
+        assert_eq!(
+            check_url("http://127.0.0.1:6379"),
+            Err("'http://127.0.0.1:6379' is not a redis:// or rediss:// URL".into())
+        );
+        assert_eq!(
+            check_url("redis://:secret@127.0.0.1:6379/x"),
+            Err("'redis://:***@127.0.0.1:6379/x': the path must be a database number, as in redis://host:6379/0, not '/x'".into())
+        );
+        assert_eq!(
+            redact("redis://user:secret@h:1/2"),
+            "redis://user:***@h:1/2"
+        );
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("http://:pw@h:1"), "http://:***@h:1");
+        assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

@@ -1,0 +1,466 @@
+//! Shared pins through a real `redis-server` (`[fleet.pins] store = "redis"`): replicas that
+//! disagree about the fleet, a replica restarted with live sequences, Redis killed under load
+//! or silent, and the keys' lifetime. scripts/test.sh installs Debian's redis-server.
+
+mod common_fleet;
+mod common_grpc;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common_fleet::*;
+use common_grpc::{accumulate_grpc, connect, int64};
+use tensorgate::protocol::SequenceId;
+use tensorgate::run::Running;
+
+const PREFIX: &str = "tensorgate:pin:";
+
+/// A `redis-server` on a loopback port, killed on drop. Nothing is persisted: pins are
+/// soft state.
+struct Redis {
+    port: u16,
+    process: ChildGuard,
+    _dir: TempDir,
+}
+
+impl Redis {
+    async fn start() -> Redis {
+        Redis::start_on(free_port("127.0.0.1")).await
+    }
+
+    async fn start_on(port: u16) -> Redis {
+        let dir = TempDir::new("redis");
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)");
+        let redis = Redis {
+            port,
+            process: ChildGuard { child },
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pong: Result<String, _> = redis
+                .client()
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query(&mut c));
+            if pong.as_deref() == Ok("PONG") {
+                return redis;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        let mut c = self.client().get_connection().unwrap();
+        redis::cmd("GET").arg(key).query(&mut c).unwrap()
+    }
+
+    /// Milliseconds the key has left: -2 when it does not exist.
+    fn pttl(&self, key: &str) -> i64 {
+        let mut c = self.client().get_connection().unwrap();
+        redis::cmd("PTTL").arg(key).query(&mut c).unwrap()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        let mut c = self.client().get_connection().unwrap();
+        redis::cmd("KEYS").arg("*").query(&mut c).unwrap()
+    }
+}
+
+/// The `[fleet]` keys that share pins through `url`.
+fn pins_toml(fleet: &str, url: &str) -> String {
+    format!("{fleet}\n\n[fleet.pins]\nstore = \"redis\"\nurl = \"{url}\"\n")
+}
+
+fn ready_names(gw: &Running) -> BTreeSet<String> {
+    gw.gateway
+        .fleet
+        .catalog()
+        .get("accumulate")
+        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn store_errors(gw: &Running) -> u64 {
+    let m = &gw.gateway.metrics;
+    ["claim", "put", "remove", "refresh"]
+        .iter()
+        .map(|op| m.pin_store_errors.with_label_values(&[op]).get())
+        .sum()
+}
+
+/// What a join seen by one replica at a time did to sequences.
+struct JoinReport {
+    /// Sequences that started on the new worker through a replica that saw it, before the
+    /// others had been told of it.
+    started_on_new_in_window: usize,
+    /// Whether the last replica knew the new worker before it was told to look again: a
+    /// shared pin made it look.
+    caught_up_on_demand: bool,
+}
+
+/// Four workers behind one DNS name, three replicas that resolve it again only when told
+/// to (or when a shared pin names an address they do not know). The name gains a fourth
+/// address, and the replicas learn it one at a time; meanwhile sequences start on each
+/// replica in turn and continue through random replicas.
+async fn join_one_replica_at_a_time(pins: Option<&Redis>) -> Result<JoinReport, String> {
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let port = free_port_on_all(&ips);
+    let mut workers = Vec::new();
+    for ip in ips {
+        workers.push(Worker::start(ip, ip, port, &["accumulate"]).await);
+    }
+    let resolver = MutableResolver::default();
+    resolver.set("workers.test", &ips[..3]);
+    let mut fleet = String::from("refresh_interval_ms = 200\ndns_interval_ms = 3600000");
+    if let Some(redis) = pins {
+        fleet = pins_toml(&fleet, &redis.url());
+    }
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\nlog_level = \"warn\"\n\n\
+         [fleet]\n{fleet}\n\n\
+         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
+    );
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        gateways.push(
+            tensorgate::run::start_with_resolver(
+                parse_config(&text),
+                false,
+                Arc::new(resolver.clone()),
+            )
+            .await
+            .expect("the gateway starts"),
+        );
+    }
+    let bases: Vec<String> = gateways.iter().map(base).collect();
+    let new_worker = format!("pool/{}:{port}", ips[3]);
+    let client = http_client();
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0201);
+
+    // Before the join: 30 sequences, two requests each, anywhere.
+    let seqs: Vec<Seq> = (1..=30).map(|id| Seq::new(id, 12, &mut rng)).collect();
+    let mut live = drive(seqs, &bases, 3, 0x5eed_0202, 2).await?;
+
+    resolver.set("workers.test", &ips);
+    let mut report = JoinReport {
+        started_on_new_in_window: 0,
+        caught_up_on_demand: false,
+    };
+    for (k, gw) in gateways.iter().enumerate() {
+        if k == 2 {
+            report.caught_up_on_demand = ready_names(gw).contains(&new_worker);
+        }
+        gw.gateway.rediscover().await?;
+        assert!(
+            ready_names(gw).contains(&new_worker),
+            "replica {k} sees the new worker"
+        );
+        // 30 sequences start on replica k, which sees the new worker while replicas after
+        // it do not (unless a shared pin made them look); then every live sequence moves on.
+        for id in 0..30 {
+            let mut s = Seq::new(1000 * (k as u64 + 1) + id, 12, &mut rng);
+            s.step(&client, &bases[k]).await?;
+            if k < 2 && s.backend.as_deref() == Some(new_worker.as_str()) {
+                report.started_on_new_in_window += 1;
+            }
+            live.push(s);
+        }
+        live = drive(live, &bases, 3, 0x5eed_0203 + k as u64, 2 * k + 4).await?;
+    }
+    let done = drive(live, &bases, 3, 0x5eed_0210, usize::MAX).await?;
+    assert!(done.iter().all(Seq::done));
+    for gw in gateways {
+        gw.shutdown().await;
+    }
+    Ok(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequences_that_start_while_replicas_disagree_all_succeed() {
+    let redis = Redis::start().await;
+    let report = join_one_replica_at_a_time(Some(&redis))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report.started_on_new_in_window >= 3,
+        "only {} sequences started on the new worker before every replica knew it",
+        report.started_on_new_in_window
+    );
+    assert!(
+        report.caught_up_on_demand,
+        "the last replica learnt of the new worker only when told"
+    );
+    assert!(
+        redis.keys().is_empty(),
+        "every sequence ended, yet pins are left: {:?}",
+        redis.keys()
+    );
+}
+
+/// The same join without the store fails: the scenario above is worth something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_the_store_the_same_join_loses_sequences() {
+    let failure = join_one_replica_at_a_time(None).await.err().expect(
+        "a sequence that started on the new worker fails on a replica that does not know it",
+    );
+    assert!(failure.contains("status 400"), "{failure}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_replica_continues_live_sequences_over_either_transport() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(4, &["accumulate"]).await;
+    let first3: Vec<&Worker> = workers[..3].iter().collect();
+    let all4: Vec<&Worker> = workers.iter().collect();
+    let fleet = pins_toml("refresh_interval_ms = 200", &redis.url());
+    let with_grpc = |mut config: tensorgate::config::Config| {
+        config.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+        config
+    };
+    let r0 = start_gateway(with_grpc(gateway_config(&first3, &fleet))).await;
+    let r1 = start_gateway(gateway_config(&first3, &fleet)).await;
+    let bases = [base(&r0), base(&r1)];
+
+    // Sequences 1 to 20 start over REST on either replica; 21 to 40 over gRPC on r0.
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0301);
+    let rest: Vec<Seq> = (1..=20).map(|id| Seq::new(id, 6, &mut rng)).collect();
+    let mut live = drive(rest, &bases, 2, 0x5eed_0302, 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut grpc = connect(r0.grpc_addr.unwrap()).await;
+    for id in 21..=40u64 {
+        let mut s = Seq::new(id, 6, &mut rng);
+        let (sum, backend) = accumulate_grpc(&mut grpc, int64(id as i64), s.values[0], true)
+            .await
+            .unwrap_or_else(|e| panic!("sequence {id} over gRPC: {e}"));
+        assert_eq!(sum, s.values[0]);
+        s.sum = sum;
+        s.next = 1;
+        s.backend = Some(backend.clone());
+        s.served_by.push(backend);
+        s.via.push("grpc r0".into());
+        live.push(s);
+    }
+
+    // r1 goes away; a fourth worker joins; r1 comes back knowing all four, with no pins and
+    // no memory of the old table.
+    r1.shutdown().await;
+    r0.reload(gateway_config(&all4, &fleet)).await.unwrap();
+    let r1 = start_gateway(with_grpc(gateway_config(&all4, &fleet))).await;
+    moved_by_the_change(&r1, &live);
+
+    // Sequences 1 to 20 take one step over gRPC on the restarted replica; all of them then
+    // finish over REST there.
+    let mut grpc = connect(r1.grpc_addr.unwrap()).await;
+    for s in live.iter_mut().filter(|s| s.id <= 20) {
+        let v = s.values[s.next];
+        let (sum, backend) = accumulate_grpc(&mut grpc, int64(s.id as i64), v, false)
+            .await
+            .unwrap_or_else(|e| panic!("sequence {} over gRPC on r1: {e}", s.id));
+        assert_eq!(
+            (sum, Some(backend)),
+            (s.sum.wrapping_add(v), s.backend.clone()),
+            "sequence {}",
+            s.id
+        );
+        s.sum = sum;
+        s.next += 1;
+    }
+    let done = drive(live, &[base(&r1)], 2, 0x5eed_0303, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(done.iter().all(Seq::done));
+    assert_eq!(
+        redis.keys(),
+        Vec::<String>::new(),
+        "sequence_end removes pins"
+    );
+    assert_eq!(store_errors(&r1), 0);
+    r0.shutdown().await;
+    r1.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_load_fails_no_request() {
+    let mut redis = Redis::start().await;
+    let port = redis.port;
+    let workers = Worker::start_many(3, &["accumulate", "simple"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let fleet = pins_toml("refresh_interval_ms = 200", &redis.url());
+    let r0 = start_gateway(gateway_config(&all, &fleet)).await;
+    let r1 = start_gateway(gateway_config(&all, &fleet)).await;
+    let bases = Arc::new([base(&r0), base(&r1)]);
+
+    // Four clients run six-request sequences through random replicas, each followed by a
+    // stateless request, until told to stop (and at most 400 sequences each).
+    let sent = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let (bases, sent, stop) = (bases.clone(), sent.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = http_client();
+            let mut rng = fastrand::Rng::with_seed(0x5eed_0400 + t);
+            for n in 0..400u64 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let mut s = Seq::new(t * 10_000 + n + 1, 6, &mut rng);
+                while !s.done() {
+                    s.step(&client, &bases[rng.usize(..2)]).await?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                let r = infer_simple(&client, &bases[rng.usize(..2)], n as i32).await;
+                if r.status != 200 {
+                    return Err(format!("simple: {r:?}"));
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    let wait_for = |count: usize| {
+        let sent = sent.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while sent.load(Ordering::Relaxed) < count && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(sent.load(Ordering::Relaxed) >= count, "the load stalled");
+        }
+    };
+    wait_for(200).await;
+    redis.process.kill();
+    let at_kill = sent.load(Ordering::Relaxed);
+    wait_for(at_kill + 400).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    }
+    let errors = store_errors(&r0) + store_errors(&r1);
+    assert!(errors > 0, "the store's failures are counted");
+    assert_eq!(r0.gateway.metrics.pin_store_up.get(), 0);
+
+    // Redis comes back on its port: new sequences are stored again (after the second the
+    // store is left alone following a failure).
+    let redis = Redis::start_on(port).await;
+    let client = http_client();
+    let mut stored = false;
+    for id in 900_000..900_050u64 {
+        let r = accumulate(&client, &bases[0], id, true, false, 1).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        if redis.get(&format!("{PREFIX}accumulate:u:{id}")).is_some() {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stored, "no new sequence was stored after Redis came back");
+    assert_eq!(r0.gateway.metrics.pin_store_up.get(), 1);
+    r0.shutdown().await;
+    r1.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_expire_after_the_idle_timeout_and_end_with_the_sequence() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let fleet = format!(
+        "{}key_prefix = \"edge:\"\ntimeout_ms = 200\n",
+        pins_toml(
+            "refresh_interval_ms = 200\nsequence_idle_timeout_ms = 1000",
+            &redis.url()
+        )
+    );
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
+    let b = base(&gw);
+    let client = http_client();
+    let url_of = |name: &str| workers.iter().find(|w| w.name == name).unwrap().url.clone();
+
+    // A start stores the backend's URL with the idle timeout; the end deletes it.
+    let r = accumulate(&client, &b, 1, true, false, 3).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let key = "edge:accumulate:u:1";
+    assert_eq!(redis.get(key), Some(url_of(r.backend.as_deref().unwrap())));
+    let ttl = redis.pttl(key);
+    assert!((1..=1000).contains(&ttl), "TTL {ttl} ms");
+    let r = accumulate(&client, &b, 1, false, true, 4).await;
+    assert_eq!((r.status, r.output_int("OUTPUT0")), (200, Some(7)));
+    assert_eq!(redis.get(key), None);
+    assert!(gw
+        .gateway
+        .router
+        .pins
+        .get("accumulate", &SequenceId::Uint(1))
+        .is_none());
+
+    // A string id, then silence: Redis lets the pin go after the idle timeout.
+    let body = serde_json::json!({
+        "parameters": {"sequence_id": "a:b", "sequence_start": true},
+        "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}],
+    });
+    let r = post_infer(&client, &b, "accumulate", &body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let key = "edge:accumulate:s:a:b";
+    assert_eq!(redis.get(key), Some(url_of(r.backend.as_deref().unwrap())));
+    let gone = eventually(40, Duration::from_millis(100), || async {
+        redis.pttl(key) == -2
+    })
+    .await;
+    assert!(gone, "the pin outlived the idle timeout");
+    assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
+
+/// A Redis that accepts connections and never answers: every operation times out, and
+/// every request is still served, by the hash table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_costs_no_request() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/0", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let fleet = format!(
+        "{}timeout_ms = 30\n",
+        pins_toml("refresh_interval_ms = 200", &url)
+    );
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0501);
+    let seqs: Vec<Seq> = (1..=20).map(|id| Seq::new(id, 4, &mut rng)).collect();
+    let done = drive(seqs, &[base(&gw)], 2, 0x5eed_0502, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(done.iter().all(Seq::done));
+    assert!(store_errors(&gw) > 0);
+    assert_eq!(gw.gateway.metrics.pin_store_up.get(), 0);
+    gw.shutdown().await;
+    held.abort();
+}
