@@ -6,7 +6,11 @@
 # share core 1. First the backend alone is measured (it must serve at least 1.5 x the faster
 # proxy, or the ratio measures it), then the proxies in alternating rounds:
 #   P1: the small `simple` JSON request;
-#   P2: the same with a sequence_id in the body (nginx hashes an X-Sequence-Id header).
+#   P2: the same with a sequence_id in the body (nginx hashes an X-Sequence-Id header), a new
+#       id on each request;
+#   P2 with shared pins: tensorgate with [fleet.pins] store = "redis" (a redis-server on core 1),
+#       against the memory store, with a new id per request (a Redis round trip each) and with
+#       sequences of 20 requests; its Redis round trips per request come from its metrics.
 # Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
 # Usage: [ROUNDS=3] bench/proxy_core.sh [SECONDS_PER_RUN]   (default 8)
 # Access logs stay as each proxy has them by default: on for tensorgate (info), off for nginx
@@ -18,10 +22,10 @@ DUR=${1:-8}
 ROUNDS=${ROUNDS:-3}
 OUT=$ROOT/bench/out/core
 rm -rf "$OUT"; mkdir -p "$OUT/nginx-backend" "$OUT/nginx-proxy"
-for tool in wrk nginx taskset; do
+for tool in wrk nginx taskset redis-server; do
   command -v $tool >/dev/null || {
     apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light util-linux >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light util-linux redis-server >&2
   }
 done
 BIN=${TENSORGATE_BIN:-$ROOT/target/release/tensorgate}
@@ -32,6 +36,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_ready() { for _ in $(seq 1 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 
 B=$(free_port); N=$(free_port); NH=$(free_port); G=$(free_port)
+R=$(free_port); GR=$(free_port); GRM=$(free_port)
 META='{"name":"simple","versions":["1"],"platform":"fixed","inputs":[{"name":"INPUT0","datatype":"INT32","shape":[-1,16]},{"name":"INPUT1","datatype":"INT32","shape":[-1,16]}],"outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[-1,16]},{"name":"OUTPUT1","datatype":"INT32","shape":[-1,16]}]}'
 ANSWER='{"model_name":"simple","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[1,16],"data":[2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32]},{"name":"OUTPUT1","datatype":"INT32","shape":[1,16],"data":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]}'
 cat > "$OUT/nginx-backend/nginx.conf" <<NGINX
@@ -79,7 +84,28 @@ NGINX_PROXY=$!
 env TOKIO_WORKER_THREADS=1 taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --grpc-listen "" \
   --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$B > "$OUT/tensorgate.log" 2>&1 & PIDS+=($!)
 GW=$!
+# The same gateway with pins shared through Redis (nothing persisted, as deploy/ runs it).
+taskset -c 1 redis-server --bind 127.0.0.1 --port "$R" --save "" --appendonly no \
+  --dir "$OUT" > "$OUT/redis.log" 2>&1 & PIDS+=($!)
+cat > "$OUT/tensorgate-redis.toml" <<TOML
+[server]
+listen = "127.0.0.1:$GR"
+metrics_listen = "127.0.0.1:$GRM"
+grpc_listen = ""
+
+[fleet.pins]
+store = "redis"
+url = "redis://127.0.0.1:$R/0"
+
+[[backends]]
+name = "fixed"
+url = "http://127.0.0.1:$B"
+TOML
+env TOKIO_WORKER_THREADS=1 taskset -c 0 "$BIN" serve --config "$OUT/tensorgate-redis.toml" \
+  > "$OUT/tensorgate-redis.log" 2>&1 & PIDS+=($!)
+GWR=$!
 wait_ready "http://127.0.0.1:$B/v2/health/ready"
+wait_ready "http://127.0.0.1:$GR/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$G/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$N/v2/health/ready"
 sleep 0.5
@@ -88,21 +114,32 @@ NGINX_BACKEND_WORKER=$(pgrep -f "nginx-backend/nginx.conf" | xargs -I{} pgrep -P
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 CLK=$(getconf CLK_TCK)
 
-# run NAME PORT SEQ PID ROUND -> "name round ticks clk rps p50 p99 non2xx"
+# Redis round trips the shared-pins gateway has made so far.
+pin_ops() {
+  curl -sf "http://127.0.0.1:$GRM/metrics" |
+    awk '/^tensorgate_pin_store_operations_total/ {s += $2} END {print s + 0}'
+}
+
+RUN_NO=0
+# run NAME PORT SEQ PID ROUND [SEQLEN] -> "name round ticks clk rps p50 p99 non2xx requests pin_ops"
 run() {
-  local name=$1 port=$2 seq=$3 pid=$4 round=$5 before after
+  local name=$1 port=$2 seq=$3 pid=$4 round=$5 seqlen=${6:-1} before after ops_before ops_after
+  RUN_NO=$((RUN_NO + 1))
   before=$(cpu_ticks "$pid")
-  # P1's body never changes (bench/static.lua: no Lua per request); P2's carries a new
-  # sequence id each time (bench/simple.lua).
+  ops_before=$(pin_ops)
+  # P1's body never changes (bench/static.lua: no Lua per request); P2's carries a sequence
+  # id that changes every SEQLEN requests (bench/simple.lua).
   local script=bench/static.lua
   [ "$seq" = 1 ] && script=bench/simple.lua
-  env SEQ="$seq" taskset -c 1 wrk -t1 -c32 -d"${DUR}s" --latency -s "$script" \
+  env SEQ="$seq" SEQLEN="$seqlen" SEQBASE=$((RUN_NO * 100000000)) taskset -c 1 wrk -t1 -c32 -d"${DUR}s" --latency -s "$script" \
     "http://127.0.0.1:$port/v2/models/simple/infer" > "$OUT/$name.r$round.txt" 2>&1
   after=$(cpu_ticks "$pid")
+  ops_after=$(pin_ops)
   local f=$OUT/$name.r$round.txt
   echo "$name $round $((after - before)) $CLK $(awk '/Requests\/sec/ {print $2}' "$f") \
 $(awk '$1=="50%" {print $2}' "$f") $(awk '$1=="99%" {print $2}' "$f") \
-$(awk '/Non-2xx/ {print $4}' "$f" | grep . || echo 0)" >> "$OUT/rounds.txt"
+$(awk '/Non-2xx/ {print $4}' "$f" | grep . || echo 0) \
+$(awk '/requests in/ {print $1}' "$f") $((ops_after - ops_before))" >> "$OUT/rounds.txt"
 }
 for round in $(seq 1 "$ROUNDS"); do
   run backend_direct "$B" 0 "$NGINX_BACKEND_WORKER" "$round"
@@ -110,5 +147,8 @@ for round in $(seq 1 "$ROUNDS"); do
   run tensorgate_p1 "$G" 0 "$GW" "$round"
   run nginx_p2 "$NH" 1 "$NGINX_PROXY_WORKER" "$round"
   run tensorgate_p2 "$G" 1 "$GW" "$round"
+  run tensorgate_p2_redis "$GR" 1 "$GWR" "$round"
+  run tensorgate_p2x20 "$G" 1 "$GW" "$round" 20
+  run tensorgate_p2x20_redis "$GR" 1 "$GWR" "$round" 20
 done
 .venv/bin/python bench/render_core.py "$OUT/rounds.txt" "$DUR"

@@ -14,11 +14,12 @@ def ms(text):
 
 runs = {}
 for line in open(path):
-    name, rnd, ticks, clk, rps, p50, p99, non2xx = line.split()
+    name, rnd, ticks, clk, rps, p50, p99, non2xx, requests, pin_ops = line.split()
     rps = float(rps)
     runs.setdefault(name, []).append({
         "rps": rps, "p50": ms(p50), "p99": ms(p99), "non2xx": int(non2xx),
         "cpu_us": int(ticks) / int(clk) * 1e6 / (rps * dur),
+        "trips": int(pin_ops) / max(int(requests), 1),
     })
 labels = [
     ("backend_direct", "fixed-response backend, directly"),
@@ -26,6 +27,9 @@ labels = [
     ("tensorgate_p1", "P1 tensorgate → backend"),
     ("nginx_p2", "P2 nginx, hash of X-Sequence-Id"),
     ("tensorgate_p2", "P2 tensorgate, sequence_id in body"),
+    ("tensorgate_p2_redis", "P2 tensorgate, shared pins in Redis"),
+    ("tensorgate_p2x20", "P2 tensorgate, sequences of 20 requests"),
+    ("tensorgate_p2x20_redis", "P2 tensorgate, sequences of 20, shared pins in Redis"),
 ]
 print(f"{len(runs.get('tensorgate_p1', []))} alternating rounds of {dur:g} s, `wrk -t1 -c32 --latency`; medians.\n")
 print("| path | req/s | req/s range | p50 | p99 | CPU/req of the proxy (backend for the direct row) | non-2xx |")
@@ -46,3 +50,9 @@ b = runs.get("backend_direct")
 fast = max((median(x["rps"] for x in runs[k]) for k in ("nginx_p1", "tensorgate_p1") if k in runs), default=0)
 if b and fast:
     print(f"\nBackend headroom: {median(x['rps'] for x in b) / fast:.2f} x the faster proxy (target ≥ 1.5).")
+for memory, redis in (("tensorgate_p2", "tensorgate_p2_redis"), ("tensorgate_p2x20", "tensorgate_p2x20_redis")):
+    m, r = runs.get(memory), runs.get(redis)
+    if m and r:
+        print(f"\n{redis}: req/s {median(x['rps'] for x in r) / median(x['rps'] for x in m):.2f} x the memory store's, "
+              f"CPU per request {median(x['cpu_us'] for x in r) / median(x['cpu_us'] for x in m):.2f} x, "
+              f"{median(x['trips'] for x in r):.3f} Redis round trips per request.")

@@ -4,6 +4,7 @@
 
 mod common_fleet;
 mod common_grpc;
+mod pki;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -22,6 +23,10 @@ const PREFIX: &str = "tensorgate:pin:";
 /// soft state.
 struct Redis {
     port: u16,
+    /// What clients connect with: `redis://` or `rediss://`, with the password if any.
+    url: String,
+    /// The CA of a TLS listener's certificate.
+    ca: Option<std::path::PathBuf>,
     process: ChildGuard,
     _dir: TempDir,
 }
@@ -32,10 +37,49 @@ impl Redis {
     }
 
     async fn start_on(port: u16) -> Redis {
+        let url = format!("redis://127.0.0.1:{port}/0");
+        Redis::launch(port, url, None, &["--port", &port.to_string()]).await
+    }
+
+    /// TLS only, with a password: the server's certificate from `pki`.
+    async fn start_secure(pki: &pki::Pki, password: &str) -> Redis {
+        let port = free_port("127.0.0.1");
+        let (cert, key) = pki.issue("redis", &["127.0.0.1"], false);
+        let url = format!("rediss://:{password}@127.0.0.1:{port}/0");
+        let (cert, key, ca) = (
+            cert.display().to_string(),
+            key.display().to_string(),
+            pki.ca().display().to_string(),
+        );
+        let args = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            password,
+        ];
+        Redis::launch(port, url, Some(pki.ca()), &args).await
+    }
+
+    async fn launch(
+        port: u16,
+        url: String,
+        ca: Option<std::path::PathBuf>,
+        args: &[&str],
+    ) -> Redis {
         let dir = TempDir::new("redis");
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(args)
             .arg("--dir")
             .arg(&dir.0)
             .stdin(Stdio::null())
@@ -45,6 +89,8 @@ impl Redis {
             .expect("redis-server is installed (scripts/test.sh installs it)");
         let redis = Redis {
             port,
+            url,
+            ca,
             process: ChildGuard { child },
             _dir: dir,
         };
@@ -57,17 +103,30 @@ impl Redis {
             if pong.as_deref() == Ok("PONG") {
                 return redis;
             }
-            assert!(Instant::now() < deadline, "redis-server did not start");
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start: {pong:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        self.url.clone()
     }
 
     fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).unwrap()
+        match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).unwrap()),
+                },
+            )
+            .unwrap(),
+            None => redis::Client::open(self.url.as_str()).unwrap(),
+        }
     }
 
     fn get(&self, key: &str) -> Option<String> {
@@ -463,4 +522,38 @@ async fn a_silent_redis_costs_no_request() {
     assert_eq!(gw.gateway.metrics.pin_store_up.get(), 0);
     gw.shutdown().await;
     held.abort();
+}
+
+/// `rediss://` with a private CA (`ca`) and a password in the URL; a wrong password is a
+/// store failure like any other, not a failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_a_password_reach_redis() {
+    let pki = pki::Pki::new("redis-pins");
+    let redis = Redis::start_secure(&pki, "s3cret").await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let secure = |url: &str| {
+        format!(
+            "{}ca = {:?}\n",
+            pins_toml("refresh_interval_ms = 200", url),
+            pki.ca().display().to_string()
+        )
+    };
+    let gw = start_gateway(gateway_config(&all, &secure(&redis.url()))).await;
+    let client = http_client();
+    let r = accumulate(&client, &base(&gw), 77, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let stored = redis.get(&format!("{PREFIX}accumulate:u:77"));
+    let served = workers.iter().find(|w| Some(&w.name) == r.backend.as_ref());
+    assert_eq!(stored, served.map(|w| w.url.clone()));
+    assert_eq!(store_errors(&gw), 0);
+
+    let wrong = redis.url().replace("s3cret", "wrong");
+    let gw2 = start_gateway(gateway_config(&all, &secure(&wrong))).await;
+    let r = accumulate(&client, &base(&gw2), 78, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(store_errors(&gw2) > 0);
+    assert_eq!(redis.get(&format!("{PREFIX}accumulate:u:78")), None);
+    gw.shutdown().await;
+    gw2.shutdown().await;
 }

@@ -138,20 +138,31 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
 /// usable. A URL given to the memory store is refused rather than ignored: it says the
 /// operator meant to share pins.
 fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
+    use super::PinStoreKind::{Memory, Redis};
     let mut errors = Vec::new();
-    match (pins.store, &pins.url) {
-        (super::PinStoreKind::Redis, None) => errors.push(
-            "fleet.pins.url is required with store = \"redis\" (redis://host:port/db or rediss://...)".into(),
-        ),
-        (super::PinStoreKind::Redis, Some(url)) => {
-            if let Err(e) = crate::pinstore::check_url(url) {
-                errors.push(format!("fleet.pins.url: {e}"));
-            }
+    let given = pins.url.is_some() || pins.url_env.is_some();
+    match pins.store {
+        Redis if pins.url.is_some() && pins.url_env.is_some() => {
+            errors.push("fleet.pins: set url or url_env, not both".into())
         }
-        (super::PinStoreKind::Memory, Some(_)) => errors.push(
-            "fleet.pins.url is set but fleet.pins.store is \"memory\"; set store = \"redis\" to use it".into(),
+        Redis if !given => errors.push(
+            "fleet.pins.url (or url_env) is required with store = \"redis\" (redis://host:port/db or rediss://...)".into(),
         ),
-        (super::PinStoreKind::Memory, None) => {}
+        // A variable unset here may be set where the gateway runs: `serve` checks it.
+        Redis => match pins.resolve_url() {
+            Ok(Some(url)) => {
+                if let Err(e) = crate::pinstore::check_url(&url) {
+                    errors.push(format!("fleet.pins.url: {e}"));
+                } else if pins.ca.is_some() && !url.starts_with("rediss://") {
+                    errors.push("fleet.pins.ca applies to rediss:// URLs only".into());
+                }
+            }
+            Ok(None) | Err(_) => {}
+        },
+        Memory if given || pins.ca.is_some() => errors.push(
+            "fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it".into(),
+        ),
+        Memory => {}
     }
     if pins.key_prefix.is_empty() {
         errors.push("fleet.pins.key_prefix must not be empty".into());
@@ -188,6 +199,9 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
     }
     if let Some(p) = &config.auth.tokens_file {
         named.push(("auth.tokens_file".into(), p));
+    }
+    if let Some(ca) = &config.fleet.pins.ca {
+        named.push(("fleet.pins.ca".into(), ca));
     }
     for (model, mc) in &config.models {
         for (output, p) in &mc.labels {
@@ -346,7 +360,7 @@ mod tests {
     fn pin_store_settings_are_checked() {
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\n"),
-            ["fleet.pins.url is required with store = \"redis\" (redis://host:port/db or rediss://...)"]
+            ["fleet.pins.url (or url_env) is required with store = \"redis\" (redis://host:port/db or rediss://...)"]
         );
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"http://:pw@h:1\"\ntimeout_ms = 0\nkey_prefix = \"\"\n"),
@@ -358,7 +372,23 @@ mod tests {
         );
         assert_eq!(
             errors("[fleet.pins]\nurl = \"redis://h:1\"\n"),
-            ["fleet.pins.url is set but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
+            ["fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
+        );
+        assert_eq!(
+            errors("[fleet.pins]\nstore = \"redis\"\nurl = \"redis://h:1\"\nurl_env = \"X\"\n"),
+            ["fleet.pins: set url or url_env, not both"]
+        );
+        assert_eq!(
+            errors("[fleet.pins]\nstore = \"redis\"\nurl = \"redis://h:1\"\nca = \"ca.pem\"\n"),
+            ["fleet.pins.ca applies to rediss:// URLs only"]
+        );
+        // Unset here, perhaps set where the gateway runs: `serve` refuses it, not the check.
+        let env =
+            parse_and_check("[fleet.pins]\nstore = \"redis\"\nurl_env = \"TG_TEST_UNSET_REDIS\"\n")
+                .unwrap();
+        assert_eq!(
+            env.fleet.pins.resolve_url(),
+            Err("fleet.pins.url_env names TG_TEST_UNSET_REDIS, which is not set".into())
         );
         let ok =
             parse_and_check("[fleet.pins]\nstore = \"redis\"\nurl = \"rediss://:pw@h:6380/2\"\n")

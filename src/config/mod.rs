@@ -104,6 +104,12 @@ pub struct PinsConfig {
     /// `redis://[:password@]host:port[/db]`, or `rediss://` for TLS (checked against
     /// Mozilla's roots and the system's). Required with `store = "redis"`.
     pub url: Option<String>,
+    /// The name of an environment variable that holds the URL instead (from a Kubernetes
+    /// Secret, so that a password need not sit in the config).
+    pub url_env: Option<String>,
+    /// PEM CA bundle that a `rediss://` server's certificate must chain to, for a Redis
+    /// whose certificate a private CA signed.
+    pub ca: Option<PathBuf>,
     /// Prefix of every key, so that several gateways (or other users) can share one Redis.
     pub key_prefix: String,
     /// Bound of every Redis operation, connecting included. Past it the request is routed as
@@ -116,8 +122,23 @@ impl Default for PinsConfig {
         PinsConfig {
             store: PinStoreKind::Memory,
             url: None,
+            url_env: None,
+            ca: None,
             key_prefix: "tensorgate:pin:".into(),
             timeout_ms: 50,
+        }
+    }
+}
+
+impl PinsConfig {
+    /// The Redis URL, from `url` or from the variable `url_env` names.
+    pub fn resolve_url(&self) -> Result<Option<String>, String> {
+        match (&self.url, &self.url_env) {
+            (Some(url), _) => Ok(Some(url.clone())),
+            (None, Some(var)) => std::env::var(var)
+                .map(Some)
+                .map_err(|_| format!("fleet.pins.url_env names {var}, which is not set")),
+            (None, None) => Ok(None),
         }
     }
 }

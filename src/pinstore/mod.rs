@@ -87,13 +87,20 @@ impl PinStore {
             return Ok(None);
         }
         let url = pins
-            .url
-            .as_deref()
+            .resolve_url()?
             .ok_or("fleet.pins.url is required with store = \"redis\"")?;
+        check_url(&url).map_err(|e| format!("fleet.pins.url: {e}"))?;
+        let ca = match &pins.ca {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("fleet.pins.ca: cannot read {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
         let timeout = Duration::from_millis(pins.timeout_ms.max(1));
         let store = PinStore {
-            redis: redis_pins::RedisPins::new(url, &pins.key_prefix, idle, timeout)?,
-            url: redact(url),
+            redis: redis_pins::RedisPins::new(&url, ca, &pins.key_prefix, idle, timeout)?,
+            url: redact(&url),
             ttl: idle,
             timeout,
             refresh_every: (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30)),

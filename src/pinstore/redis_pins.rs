@@ -76,8 +76,25 @@ pub fn redact(url: &str) -> String {
 impl RedisPins {
     /// Connects lazily: a Redis that is down at startup delays nothing, and the manager
     /// reconnects by itself after a connection breaks.
-    pub fn new(url: &str, prefix: &str, ttl: Duration, timeout: Duration) -> Result<Self, String> {
-        let client = Client::open(url).map_err(|e| format!("{}: {e}", redact(url)))?;
+    /// `ca`: a PEM bundle that replaces the usual roots for `rediss://`.
+    pub fn new(
+        url: &str,
+        ca: Option<Vec<u8>>,
+        prefix: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let client = match ca {
+            Some(pem) => Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            ),
+            None => Client::open(url),
+        }
+        .map_err(|e| format!("{}: {e}", redact(url)))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
