@@ -55,6 +55,11 @@ enum Command {
         /// models. Repeatable; replaces the config's backends.
         #[arg(long = "backend", value_name = "URL")]
         backends: Vec<String>,
+        /// A Triton-style model repository (DIR/<model>/<version>/model.onnx, optional
+        /// DIR/<model>/config.pbtxt) whose ONNX models the built-in backend serves in-process,
+        /// beside the built-in models. Sets model_repository of the config's builtin backend.
+        #[arg(long, value_name = "DIR")]
+        model_repository: Option<PathBuf>,
     },
     /// Run a standalone v2 REST server of the built-in models. A local fleet is several
     /// workers behind one `serve`.
@@ -76,6 +81,13 @@ enum Command {
             value_parser = clap::value_parser!(u64).range(1..)
         )]
         sequence_idle_timeout_ms: u64,
+        /// A Triton-style model repository (DIR/<model>/<version>/model.onnx, optional
+        /// DIR/<model>/config.pbtxt) to serve beside the built-in models, run by tract on a
+        /// blocking pool. A model that fails to load is UNAVAILABLE in the repository index,
+        /// with its reason; the others serve. POST /v2/repository/models/NAME/load reads a
+        /// model again, /unload unloads it.
+        #[arg(long, value_name = "DIR")]
+        model_repository: Option<PathBuf>,
     },
     /// Check a config file and print each error with its line number, then check that
     /// every file it names (certificates, keys, tokens, labels) can be read from the
@@ -181,6 +193,7 @@ fn main() -> ExitCode {
             metrics_listen,
             grpc_listen,
             backends,
+            model_repository,
         } => {
             let mut c = match &config {
                 Some(path) => match Config::load(path) {
@@ -197,6 +210,12 @@ fn main() -> ExitCode {
                     for e in errors {
                         eprintln!("--backend: {}", e.message);
                     }
+                    return ExitCode::FAILURE;
+                }
+            }
+            if let Some(dir) = &model_repository {
+                if let Err(e) = c.set_model_repository(dir) {
+                    eprintln!("{e}");
                     return ExitCode::FAILURE;
                 }
             }
@@ -225,6 +244,9 @@ fn main() -> ExitCode {
                 if !backends.is_empty() {
                     c.set_backends(&backends).map_err(|e| format!("{e:?}"))?;
                 }
+                if let Some(dir) = &model_repository {
+                    c.set_model_repository(dir)?;
+                }
                 Ok(c)
             });
             (c, true, Some((loader, watch)))
@@ -233,6 +255,7 @@ fn main() -> ExitCode {
             listen,
             models,
             sequence_idle_timeout_ms,
+            model_repository,
         } => {
             let all = builtin_names();
             if let Some(bad) = models.iter().find(|m| !all.contains(m)) {
@@ -244,6 +267,14 @@ fn main() -> ExitCode {
             }
             let mut c = Config::worker(listen, &models);
             c.set_sequence_idle_timeout(std::time::Duration::from_millis(sequence_idle_timeout_ms));
+            if let Some(dir) = &model_repository {
+                if !dir.is_dir() {
+                    eprintln!("--model-repository {}: not a directory", dir.display());
+                    return ExitCode::FAILURE;
+                }
+                c.set_model_repository(dir)
+                    .expect("a worker's config has the built-in backend");
+            }
             (c, false, None)
         }
     };

@@ -112,6 +112,15 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
                 ),
             });
         }
+        if b.model_repository.is_some() && b.url.get_ref() != "builtin" {
+            errors.push(ConfigError {
+                line: url_line,
+                message: format!(
+                    "backend '{}': model_repository is for url = \"builtin\" (models run in-process); a remote server reads its own repository",
+                    b.name.get_ref()
+                ),
+            });
+        }
         if b.weight == 0 {
             errors.push(ConfigError {
                 line: Some(line_of(text, b.name.span().start)),
@@ -149,16 +158,15 @@ fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
             "fleet.pins.url (or url_env) is required with store = \"redis\" (redis://host:port/db or rediss://...)".into(),
         ),
         // A variable unset here may be set where the gateway runs: `serve` checks it.
-        Redis => match pins.resolve_url() {
-            Ok(Some(url)) => {
+        Redis => {
+            if let Ok(Some(url)) = pins.resolve_url() {
                 if let Err(e) = crate::pinstore::check_url(&url) {
                     errors.push(format!("fleet.pins.url: {e}"));
                 } else if pins.ca.is_some() && !url.starts_with("rediss://") {
                     errors.push("fleet.pins.ca applies to rediss:// URLs only".into());
                 }
             }
-            Ok(None) | Err(_) => {}
-        },
+        }
         Memory if given || pins.ca.is_some() => errors.push(
             "fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it".into(),
         ),
@@ -179,6 +187,7 @@ fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
 /// The files a config names that cannot be read, one error each: what `serve` would refuse
 /// to start with. Paths are relative to the working directory, as `serve` reads them.
 pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
+    let mut errors_dirs = Vec::new();
     let mut named: Vec<(String, &std::path::Path)> = Vec::new();
     if let Some(tls) = &config.server.tls {
         named.push(("server.tls.cert".into(), &tls.cert));
@@ -200,6 +209,20 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
     if let Some(p) = &config.auth.tokens_file {
         named.push(("auth.tokens_file".into(), p));
     }
+    for b in &config.backends {
+        if let Some(dir) = &b.model_repository {
+            if !dir.is_dir() {
+                errors_dirs.push(ConfigError {
+                    line: None,
+                    message: format!(
+                        "backend '{}': model_repository {} is not a directory",
+                        b.name.get_ref(),
+                        dir.display()
+                    ),
+                });
+            }
+        }
+    }
     if let Some(ca) = &config.fleet.pins.ca {
         named.push(("fleet.pins.ca".into(), ca));
     }
@@ -208,7 +231,7 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
             named.push((format!("models.{model}.labels.{output}"), p));
         }
     }
-    named
+    let mut errors: Vec<ConfigError> = named
         .into_iter()
         .filter_map(|(key, path)| {
             std::fs::File::open(path).err().map(|e| ConfigError {
@@ -216,7 +239,9 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
                 message: format!("{key}: cannot read {}: {e}", path.display()),
             })
         })
-        .collect()
+        .collect();
+    errors.extend(errors_dirs);
+    errors
 }
 
 fn check_url(url: &str) -> Result<(), String> {
@@ -263,7 +288,7 @@ mod tests {
                 "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`",
                 "line 6: invalid type: string \"big\", expected usize",
                 "line 10: invalid type: integer `5`, expected a string",
-                "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`",
+                "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
             ]
         );
         // A syntax error ends the search: what follows cannot be read reliably.

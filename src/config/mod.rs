@@ -385,6 +385,10 @@ pub struct BackendConfig {
     /// Share of sequences and load relative to other backends (default 1).
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// With `url = "builtin"`: a Triton-style model repository whose ONNX models are served
+    /// in-process beside the built-in ones (`tensorgate serve --model-repository DIR`).
+    #[serde(default)]
+    pub model_repository: Option<PathBuf>,
 }
 
 fn default_weight() -> u32 {
@@ -466,6 +470,17 @@ impl Config {
 
     pub fn model(&self, name: &str) -> Option<&ModelConfig> {
         self.models.get(name)
+    }
+
+    /// Serves the ONNX models of `dir` from the built-in backend (`--model-repository`).
+    pub fn set_model_repository(&mut self, dir: &std::path::Path) -> Result<(), String> {
+        let builtin = self
+            .backends
+            .iter_mut()
+            .find(|b| b.url.get_ref() == "builtin")
+            .ok_or("--model-repository needs the built-in backend, which runs the models in-process: add --backend builtin, or a [[backends]] entry with url = \"builtin\"")?;
+        builtin.model_repository = Some(dir.to_path_buf());
+        Ok(())
     }
 }
 

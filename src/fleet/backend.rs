@@ -29,6 +29,24 @@ pub struct ModelList {
     pub tried: String,
     /// One entry per metadata answer that needed a tolerance, for the metrics.
     pub tolerated: Vec<Tolerance>,
+    /// Models (or versions) the server has but cannot serve, with why: for the index.
+    pub unavailable: Vec<crate::models::repository::IndexEntry>,
+}
+
+/// The repository extension's two actions on one model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepositoryAction {
+    Load,
+    Unload,
+}
+
+impl RepositoryAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepositoryAction::Load => "load",
+            RepositoryAction::Unload => "unload",
+        }
+    }
 }
 
 /// What a backend is sent for one inference.
@@ -148,6 +166,25 @@ pub trait Backend: Send + Sync {
     /// Whether the server answers `GET /v2/health/ready` with 2xx; if not, why.
     fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>>;
     fn infer<'a>(&'a self, call: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>>;
+    /// Labels an in-process model carries for `output` (the built-in classifier's, a
+    /// repository model's `label_filename`). Labels of a remote model are its server's
+    /// business: an external model of the same name is a different model.
+    fn labels(&self, _model: &str, _output: &str) -> Option<Vec<String>> {
+        None
+    }
+    /// Loads (reading it again from the repository) or unloads one model, for a server that
+    /// lists the `model_repository` extension.
+    fn control<'a>(
+        &'a self,
+        _model: &'a str,
+        _action: RepositoryAction,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async {
+            Err(BackendError::Rejected(
+                "this server has no model repository".into(),
+            ))
+        })
+    }
 }
 
 /// Reads an error message out of a backend's error body: its `error` field if it is JSON,

@@ -1,23 +1,189 @@
-//! The in-process backend: the built-in models, called directly with decoded requests.
+//! The in-process backend: the built-in models, and the models of a model repository
+//! (`--model-repository`), called directly with decoded requests. Models that take real time
+//! run on the blocking pool, as many at once as their instance count, never on the async
+//! workers.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::{OnceCell, Semaphore};
 
 use super::backend::{
     Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList, Payload, Reply,
+    RepositoryAction,
 };
+use crate::models::repository::{IndexEntry, ModelState, Repository};
 use crate::models::{Model, ModelError};
 use crate::protocol::metadata::extensions;
 use crate::protocol::{InferResponse, Parameters, Role, ServerMetadata};
 
+/// A model and, for one that runs on the blocking pool, the permits of its instances.
+#[derive(Clone)]
+struct Slot {
+    model: Arc<dyn Model>,
+    permits: Option<Arc<Semaphore>>,
+}
+
+impl Slot {
+    fn new(model: Arc<dyn Model>) -> Slot {
+        let permits = model
+            .instances()
+            .map(|n| Arc::new(Semaphore::new(n.max(1))));
+        Slot { model, permits }
+    }
+}
+
+/// The repository behind the in-process models, and what became of each of its models.
+struct RepositoryState {
+    repo: Arc<Repository>,
+    /// Loaded once, on the first discovery round (the worker is not ready until then).
+    scanned: OnceCell<()>,
+    /// Index entries by model name.
+    index: Mutex<BTreeMap<String, Vec<IndexEntry>>>,
+    /// One load or unload at a time.
+    control: tokio::sync::Mutex<()>,
+}
+
 pub struct BuiltinBackend {
-    models: BTreeMap<String, Arc<dyn Model>>,
+    models: ArcSwap<BTreeMap<String, Slot>>,
+    repository: Option<RepositoryState>,
 }
 
 impl BuiltinBackend {
     pub fn new(models: BTreeMap<String, Arc<dyn Model>>) -> Self {
-        BuiltinBackend { models }
+        BuiltinBackend {
+            models: ArcSwap::from_pointee(
+                models.into_iter().map(|(n, m)| (n, Slot::new(m))).collect(),
+            ),
+            repository: None,
+        }
     }
+
+    /// The built-in `models` and those of `repo`, which are loaded on the first discovery
+    /// round.
+    pub fn with_repository(models: BTreeMap<String, Arc<dyn Model>>, repo: Repository) -> Self {
+        BuiltinBackend {
+            repository: Some(RepositoryState {
+                repo: Arc::new(repo),
+                scanned: OnceCell::new(),
+                index: Mutex::new(BTreeMap::new()),
+                control: tokio::sync::Mutex::new(()),
+            }),
+            ..BuiltinBackend::new(models)
+        }
+    }
+
+    async fn scan(&self, state: &RepositoryState) {
+        state
+            .scanned
+            .get_or_init(|| async {
+                let names = match state.repo.model_names() {
+                    Ok(names) => names,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the model repository");
+                        return;
+                    }
+                };
+                for name in names {
+                    if let Err(e) = self.load_one(state, &name).await {
+                        tracing::error!(model = %name, error = %e, "model not loaded");
+                    }
+                }
+            })
+            .await;
+    }
+
+    /// Loads (or loads again) one model of the repository. On failure a model already
+    /// serving keeps serving.
+    async fn load_one(&self, state: &RepositoryState, name: &str) -> Result<(), String> {
+        if !state.repo.has(name) {
+            return Err(format!(
+                "no model '{name}' in the model repository {}",
+                state.repo.dir().display()
+            ));
+        }
+        set_index(
+            state,
+            name,
+            vec![entry(name, ModelState::Loading, String::new())],
+        );
+        let repo = state.repo.clone();
+        let owned = name.to_string();
+        let loaded = tokio::task::spawn_blocking(move || repo.load(&owned))
+            .await
+            .map_err(|e| format!("loading model '{name}' failed: {e}"))?;
+        let serving = self.models.load().contains_key(name);
+        match loaded.model {
+            Some(model) => {
+                let mut models = (**self.models.load()).clone();
+                models.insert(name.to_string(), Slot::new(model));
+                self.models.store(Arc::new(models));
+                set_index(state, name, loaded.entries);
+                tracing::info!(model = name, "model loaded");
+                Ok(())
+            }
+            None => {
+                let reason = loaded
+                    .entries
+                    .iter()
+                    .map(|e| match &e.version {
+                        Some(v) => format!("version {v}: {}", e.reason),
+                        None => e.reason.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                if serving {
+                    set_index(
+                        state,
+                        name,
+                        vec![entry(
+                            name,
+                            ModelState::Ready,
+                            format!("a new load failed, the loaded model keeps serving: {reason}"),
+                        )],
+                    );
+                } else {
+                    set_index(state, name, loaded.entries);
+                }
+                Err(reason)
+            }
+        }
+    }
+
+    fn unload_one(&self, state: &RepositoryState, name: &str) -> Result<(), String> {
+        let mut models = (**self.models.load()).clone();
+        let known = state.index.lock().expect("index lock").contains_key(name);
+        if !known && !models.contains_key(name) {
+            return Err(format!("no model '{name}' in the model repository"));
+        }
+        models.remove(name);
+        self.models.store(Arc::new(models));
+        set_index(
+            state,
+            name,
+            vec![entry(name, ModelState::Unavailable, "unloaded".into())],
+        );
+        tracing::info!(model = name, "model unloaded");
+        Ok(())
+    }
+}
+
+fn entry(name: &str, state: ModelState, reason: String) -> IndexEntry {
+    IndexEntry {
+        name: name.to_string(),
+        version: None,
+        state,
+        reason,
+    }
+}
+
+fn set_index(state: &RepositoryState, name: &str, entries: Vec<IndexEntry>) {
+    state
+        .index
+        .lock()
+        .expect("index lock")
+        .insert(name.to_string(), entries);
 }
 
 impl Backend for BuiltinBackend {
@@ -27,13 +193,17 @@ impl Backend for BuiltinBackend {
 
     fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>> {
         Box::pin(async {
+            let mut extensions = vec![
+                extensions::BINARY_TENSOR_DATA.into(),
+                extensions::SEQUENCE.into(),
+            ];
+            if self.repository.is_some() {
+                extensions.push(extensions::MODEL_REPOSITORY.into());
+            }
             Ok(ServerMetadata {
                 name: "tensorgate-builtin".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
-                extensions: vec![
-                    extensions::BINARY_TENSOR_DATA.into(),
-                    extensions::SEQUENCE.into(),
-                ],
+                extensions,
             })
         })
     }
@@ -43,11 +213,15 @@ impl Backend for BuiltinBackend {
         _configured: &'a [String],
     ) -> BoxFuture<'a, Result<ModelList, BackendError>> {
         Box::pin(async move {
+            if let Some(state) = &self.repository {
+                self.scan(state).await;
+            }
             let models = self
                 .models
+                .load()
                 .values()
-                .map(|m| DiscoveredModel {
-                    metadata: m.metadata().clone(),
+                .map(|slot| DiscoveredModel {
+                    metadata: slot.model.metadata().clone(),
                     ready: true,
                 })
                 .collect();
@@ -55,6 +229,7 @@ impl Backend for BuiltinBackend {
                 models,
                 tried: "the built-in backend was configured with no models".into(),
                 tolerated: vec![],
+                unavailable: self.unavailable(),
             })
         })
     }
@@ -70,12 +245,32 @@ impl Backend for BuiltinBackend {
                     "the built-in backend takes decoded requests".into(),
                 ));
             };
-            let model = self
-                .models
-                .get(call.model)
-                .ok_or_else(|| BackendError::Rejected(format!("unknown model '{}'", call.model)))?;
-            let outputs = model.infer(&req).map_err(|e| match e {
+            let slot =
+                self.models.load().get(call.model).cloned().ok_or_else(|| {
+                    BackendError::Rejected(format!("unknown model '{}'", call.model))
+                })?;
+            let version = call.version.map(str::to_string);
+            let (outputs, req) = match &slot.permits {
+                None => (slot.model.infer_version(version.as_deref(), &req), req),
+                Some(permits) => {
+                    let _permit = permits
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| BackendError::Broken("the model was unloaded".into()))?;
+                    let model = slot.model.clone();
+                    tokio::task::spawn_blocking(move || {
+                        (model.infer_version(version.as_deref(), &req), req)
+                    })
+                    .await
+                    .map_err(|e| {
+                        BackendError::Broken(format!("model '{}' failed: {e}", call.model))
+                    })?
+                }
+            };
+            let outputs = outputs.map_err(|e| match e {
                 ModelError::Invalid(m) => BackendError::Rejected(m),
+                ModelError::Failed(m) => BackendError::Broken(m),
             })?;
             // The one place tensors enter the gateway without having been decoded: checked
             // here, once, so that encoding and classification can rely on them.
@@ -97,10 +292,62 @@ impl Backend for BuiltinBackend {
             }))
         })
     }
+
+    fn labels(&self, model: &str, output: &str) -> Option<Vec<String>> {
+        self.models.load().get(model)?.model.labels(output)
+    }
+
+    fn control<'a>(
+        &'a self,
+        model: &'a str,
+        action: RepositoryAction,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let Some(state) = &self.repository else {
+                return Err(BackendError::Rejected(
+                    "this server has no model repository".into(),
+                ));
+            };
+            self.scan(state).await;
+            let _one_at_a_time = state.control.lock().await;
+            match action {
+                RepositoryAction::Load => self.load_one(state, model).await,
+                RepositoryAction::Unload => self.unload_one(state, model),
+            }
+            .map_err(BackendError::Rejected)
+        })
+    }
+}
+
+impl BuiltinBackend {
+    /// Repository models that are not serving, with why.
+    fn unavailable(&self) -> Vec<IndexEntry> {
+        let Some(state) = &self.repository else {
+            return Vec::new();
+        };
+        let serving = self.models.load();
+        state
+            .index
+            .lock()
+            .expect("index lock")
+            .values()
+            .flatten()
+            .filter(|e| e.state != ModelState::Ready || !serving.contains_key(&e.name))
+            .cloned()
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_builtin_classifier_carries_its_labels() {
+        let models = crate::models::builtin_models(&[], &Default::default()).unwrap();
+        let backend = BuiltinBackend::new(models);
+        assert_eq!(backend.labels("classifier", "OUTPUT0").unwrap()[3], "cat");
+        assert_eq!(backend.labels("simple", "OUTPUT0"), None);
+    }
+
     use bytes::Bytes;
 
     use super::*;

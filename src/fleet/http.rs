@@ -13,9 +13,10 @@ use serde::de::DeserializeOwned;
 
 use super::backend::{
     error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList,
-    Payload, Reply,
+    Payload, Reply, RepositoryAction,
 };
 use crate::body::{full, Body, PartsBody};
+use crate::models::repository::{IndexEntry as RepoEntry, ModelState};
 use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
 
 /// Metadata and error bodies larger than this are refused; they are never that large.
@@ -204,7 +205,11 @@ fn path_segment(name: &str) -> String {
 struct IndexEntry {
     name: String,
     #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
     state: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 /// KServe's `GET /v2/models`: `{"models": ["name", ...]}`.
@@ -216,6 +221,9 @@ struct ModelNames {
 /// Model names as a server lists them, once each, with whether one of its entries is ready.
 struct Listed {
     names: Vec<(String, bool)>,
+    /// Index entries in a state other than READY, with the server's reason, for the
+    /// gateway's own index.
+    unavailable: Vec<RepoEntry>,
     /// Where they came from, for the explanation when none of them can be used.
     source: String,
 }
@@ -223,7 +231,21 @@ struct Listed {
 impl Listed {
     fn from_index(entries: Vec<IndexEntry>, source: &str) -> Listed {
         let mut names: Vec<(String, bool)> = Vec::new();
+        let mut unavailable = Vec::new();
         for e in entries {
+            let state = match e.state.as_deref().map(str::to_ascii_uppercase).as_deref() {
+                Some("UNAVAILABLE") => Some(ModelState::Unavailable),
+                Some("LOADING") => Some(ModelState::Loading),
+                _ => None,
+            };
+            if let Some(state) = state {
+                unavailable.push(RepoEntry {
+                    name: e.name.clone(),
+                    version: e.version.clone().filter(|v| !v.is_empty()),
+                    state,
+                    reason: e.reason.clone().unwrap_or_default(),
+                });
+            }
             // An entry without a state is a model the server has but did not say it loaded;
             // its readiness probe decides.
             let ready = e
@@ -237,6 +259,7 @@ impl Listed {
         }
         Listed {
             names,
+            unavailable,
             source: source.to_string(),
         }
     }
@@ -250,6 +273,7 @@ impl Listed {
         }
         Listed {
             names,
+            unavailable: Vec::new(),
             source: source.to_string(),
         }
     }
@@ -317,10 +341,14 @@ impl Backend for HttpBackend {
                 }
                 Err(tried) => Listed {
                     names: configured.iter().map(|n| (n.clone(), true)).collect(),
+                    unavailable: Vec::new(),
                     source: format!("{tried}; so the models the config names for it"),
                 },
             };
-            let mut out = ModelList::default();
+            let mut out = ModelList {
+                unavailable: listed.unavailable,
+                ..ModelList::default()
+            };
             let mut refused = Vec::new();
             // Models the config does not use from this backend are not asked about at all.
             let wanted = listed
@@ -379,6 +407,43 @@ impl Backend for HttpBackend {
                 Err(BackendError::Status {
                     status,
                     message: format!("GET /v2/health/ready on {} answered {status}", self.base),
+                })
+            }
+        })
+    }
+
+    fn control<'a>(
+        &'a self,
+        model: &'a str,
+        action: RepositoryAction,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let path = format!(
+                "/v2/repository/models/{}/{}",
+                path_segment(model),
+                action.as_str()
+            );
+            let req = Request::builder()
+                .method(Method::POST)
+                .uri(self.uri(&path))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full("{}"))
+                .map_err(|e| BackendError::Failed(e.to_string()))?;
+            let resp = self.send(req).await?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), MAX_SMALL_BODY)
+                .collect()
+                .await
+                .map_err(|e| {
+                    BackendError::Failed(format!("reading {path} from {}: {e}", self.base))
+                })?
+                .to_bytes();
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(BackendError::Status {
+                    status,
+                    message: error_message(&body),
                 })
             }
         })

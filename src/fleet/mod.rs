@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod discovery;
 pub mod health;
 pub mod http;
+pub mod repository;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -17,7 +18,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::config::{BackendConfig, ClassificationMode, Config, Discovery, Encoding};
-use crate::models::{builtin_models, BuiltinSettings};
+use crate::models::repository::Repository;
+use crate::models::{builtin_models, builtin_names, BuiltinSettings};
 use crate::protocol::metadata::extensions;
 use crate::protocol::ServerMetadata;
 use backend::{Backend, DiscoveredModel};
@@ -35,6 +37,8 @@ pub struct Capabilities {
     pub exact_outputs: bool,
     /// It implements the classification extension itself.
     pub classification: bool,
+    /// It loads and unloads models on request (the `model_repository` extension).
+    pub repository: bool,
 }
 
 impl Capabilities {
@@ -48,6 +52,7 @@ impl Capabilities {
             },
             exact_outputs: lists_binary && encoding != Encoding::Json,
             classification: server.supports(extensions::CLASSIFICATION),
+            repository: server.supports(extensions::MODEL_REPOSITORY),
         }
     }
 }
@@ -59,6 +64,8 @@ pub struct BackendState {
     pub server: Option<ServerMetadata>,
     pub capabilities: Capabilities,
     pub models: HashMap<String, DiscoveredModel>,
+    /// Models or versions it has but cannot serve, with why (from its repository).
+    pub unavailable: Vec<crate::models::repository::IndexEntry>,
     pub last_error: Option<String>,
     /// Set when the backend answers but exposes no usable model: what discovery tried.
     pub no_models: Option<String>,
@@ -75,6 +82,8 @@ pub struct BackendHandle {
     pub weight: u32,
     /// Only these models are used from this backend (empty: all).
     pub only_models: Vec<String>,
+    /// `[[backends]] model_repository` of a built-in backend.
+    pub repository: Option<std::path::PathBuf>,
     pub state: ArcSwap<BackendState>,
     /// Requests sent and not yet answered, for load balancing.
     pub outstanding: AtomicUsize,
@@ -134,6 +143,7 @@ impl BackendHandle {
             classification: ClassificationMode::Auto,
             weight,
             only_models: vec![],
+            repository: None,
             state: ArcSwap::from_pointee(BackendState {
                 reachable: true,
                 models,
@@ -153,7 +163,19 @@ impl BackendHandle {
             && self.encoding == b.encoding
             && self.classification == b.classification
             && self.weight == b.weight
-            && self.only_models == b.models
+            && self.only_models == only_models(url, b)
+            && self.repository == b.model_repository
+    }
+}
+
+/// The models of a backend the gateway uses (empty: all). A built-in backend with a model
+/// repository applies `models` itself, to the built-in models only: the repository's are all
+/// served.
+fn only_models(url: &str, b: &BackendConfig) -> Vec<String> {
+    if url == "builtin" && b.model_repository.is_some() {
+        Vec::new()
+    } else {
+        b.models.clone()
     }
 }
 
@@ -286,10 +308,14 @@ impl Fleet {
         b: &BackendConfig,
     ) -> Result<Arc<BackendHandle>, String> {
         let backend: Arc<dyn Backend> = if url == "builtin" {
-            Arc::new(builtin::BuiltinBackend::new(builtin_models(
-                &b.models,
-                &self.builtin,
-            )?))
+            let models = builtin_models(&b.models, &self.builtin)?;
+            match &b.model_repository {
+                Some(dir) => Arc::new(builtin::BuiltinBackend::with_repository(
+                    models,
+                    Repository::open(dir, builtin_names())?,
+                )),
+                None => Arc::new(builtin::BuiltinBackend::new(models)),
+            }
         } else {
             Arc::new(http::HttpBackend::new(
                 url,
@@ -304,7 +330,8 @@ impl Fleet {
             encoding: b.encoding,
             classification: b.classification,
             weight: b.weight.max(1),
-            only_models: b.models.clone(),
+            only_models: only_models(url, b),
+            repository: b.model_repository.clone(),
             state: ArcSwap::from_pointee(BackendState::default()),
             outstanding: AtomicUsize::new(0),
             health: Health::default(),
@@ -391,6 +418,7 @@ async fn refresh_backend(
                 capabilities: Capabilities::learn(&server, h.encoding),
                 server: Some(server),
                 models,
+                unavailable: list.unavailable,
                 last_error: None,
                 no_models,
             }
@@ -435,6 +463,7 @@ async fn refresh_backend(
                     .collect(),
                 capabilities: previous.capabilities,
                 server: previous.server.clone(),
+                unavailable: previous.unavailable.clone(),
                 no_models: None,
             }
         }
@@ -507,6 +536,7 @@ mod tests {
             classification: ClassificationMode::Auto,
             weight: 1,
             only_models: vec![],
+            repository: None,
             state: ArcSwap::from_pointee(BackendState::default()),
             outstanding: AtomicUsize::new(0),
             health: Health::default(),

@@ -1,19 +1,17 @@
-//! Classification labels: files named in the config, and labels built-in models carry.
+//! Classification labels named in the config. Labels that in-process models carry (the
+//! built-in classifier's, a repository model's `label_filename`) come from the backend
+//! itself (`Backend::labels`), since repository models come and go.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::models::{builtin_models, BuiltinSettings};
 use crate::protocol::classify::parse_labels;
 
 #[derive(Default)]
 pub struct Labels {
     /// From config files: (model, output) → labels. Apply to every backend.
     configured: HashMap<(String, String), Arc<Vec<String>>>,
-    /// Carried by built-in models. Apply only when the model runs in-process, since an
-    /// external model of the same name is a different model.
-    builtin: HashMap<(String, String), Arc<Vec<String>>>,
 }
 
 impl Labels {
@@ -33,18 +31,7 @@ impl Labels {
                 );
             }
         }
-        let mut builtin = HashMap::new();
-        for (name, m) in builtin_models(&[], &BuiltinSettings::default())? {
-            for o in &m.metadata().outputs {
-                if let Some(l) = m.labels(&o.name) {
-                    builtin.insert((name.clone(), o.name.clone()), Arc::new(l));
-                }
-            }
-        }
-        Ok(Labels {
-            configured,
-            builtin,
-        })
+        Ok(Labels { configured })
     }
 
     /// Whether the config names a label file for this output.
@@ -53,11 +40,9 @@ impl Labels {
             .contains_key(&(model.to_string(), output.to_string()))
     }
 
-    pub fn get(&self, model: &str, output: &str, in_process: bool) -> Option<Arc<Vec<String>>> {
-        let key = (model.to_string(), output.to_string());
+    pub fn get(&self, model: &str, output: &str) -> Option<Arc<Vec<String>>> {
         self.configured
-            .get(&key)
-            .or_else(|| in_process.then(|| self.builtin.get(&key)).flatten())
+            .get(&(model.to_string(), output.to_string()))
             .cloned()
     }
 }
@@ -69,13 +54,6 @@ mod tests {
     #[test]
     fn one_label_per_line() {
         assert_eq!(parse_labels("a\r\n\nc\n"), vec!["a", "", "c"]);
-    }
-
-    #[test]
-    fn builtin_labels_only_in_process() {
-        let l = Labels::load(&Config::worker("127.0.0.1:0".parse().unwrap(), &[])).unwrap();
-        assert_eq!(l.get("classifier", "OUTPUT0", true).unwrap()[3], "cat");
-        assert!(l.get("classifier", "OUTPUT0", false).is_none());
     }
 
     #[test]

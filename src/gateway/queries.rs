@@ -1,11 +1,13 @@
 //! What the small endpoints answer, whatever the transport: readiness, model readiness, the
 //! repository index and statistics. The REST and gRPC edges only format it.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::core::lookup;
 use super::Gateway;
 use crate::error::GatewayError;
+use crate::fleet::backend::RepositoryAction;
+use crate::fleet::repository::ControlOutcome;
 use crate::fleet::CatalogEntry;
 use crate::protocol::metadata::extensions;
 
@@ -13,6 +15,7 @@ use crate::protocol::metadata::extensions;
 pub const GATEWAY_EXTENSIONS: &[&str] = &[
     extensions::BINARY_TENSOR_DATA,
     extensions::CLASSIFICATION,
+    extensions::MODEL_REPOSITORY,
     extensions::SEQUENCE,
     extensions::STATISTICS,
 ];
@@ -68,36 +71,142 @@ pub fn model_ready(
     Ok(entry)
 }
 
-/// One model of the repository extension's index.
+/// One model (version) of the repository extension's index.
 pub struct IndexEntry {
     pub name: String,
     pub version: Option<String>,
-    pub ready: bool,
+    pub state: &'static str,
+    pub reason: String,
+    /// The backends that serve it (READY) or that reported it (otherwise).
+    pub backends: Vec<String>,
 }
 
 impl IndexEntry {
-    pub fn state(&self) -> &'static str {
-        if self.ready {
-            "READY"
-        } else {
-            "UNAVAILABLE"
-        }
+    pub fn ready(&self) -> bool {
+        self.state == "READY"
     }
 }
 
-/// Every known model, READY when a backend has it ready. Lets a gateway discover the
-/// models of another tensorgate (a worker, or a gateway tier).
+/// The fleet's index: every model of the catalog (one entry per version it lists), READY when
+/// a backend has it ready, with those backends; then what backends reported they have but
+/// cannot serve (a model that failed to load, with why). Lets a gateway discover the models
+/// of another tensorgate (a worker, or a gateway tier).
 pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
-    gw.fleet
-        .catalog()
-        .models
-        .iter()
-        .map(|(name, e)| IndexEntry {
-            name: name.clone(),
-            version: e.metadata.versions.first().cloned(),
-            ready: !e.ready.is_empty(),
-        })
-        .collect()
+    let mut entries: Vec<IndexEntry> = Vec::new();
+    for (name, e) in gw.fleet.catalog().models.iter() {
+        let ready = !e.ready.is_empty();
+        let versions: Vec<Option<String>> = if e.metadata.versions.is_empty() {
+            vec![None]
+        } else {
+            e.metadata.versions.iter().cloned().map(Some).collect()
+        };
+        for version in versions {
+            entries.push(IndexEntry {
+                name: name.clone(),
+                version,
+                state: if ready { "READY" } else { "UNAVAILABLE" },
+                reason: if ready {
+                    String::new()
+                } else {
+                    "no backend reports it ready".into()
+                },
+                backends: e.ready.iter().map(|h| h.name.clone()).collect(),
+            });
+        }
+    }
+    for h in gw.fleet.backends().iter() {
+        for u in &h.state.load().unavailable {
+            let served = entries.iter().any(|e| {
+                e.name == u.name && e.ready() && (u.version.is_none() || e.version == u.version)
+            });
+            if !served {
+                entries.push(IndexEntry {
+                    name: u.name.clone(),
+                    version: u.version.clone(),
+                    state: u.state.as_str(),
+                    reason: u.reason.clone(),
+                    backends: vec![h.name.clone()],
+                });
+            }
+        }
+    }
+    entries
+}
+
+/// What a load or unload across the fleet came to.
+pub struct ControlReport {
+    pub outcomes: Vec<ControlOutcome>,
+    /// Every failure came from in-process models: the model cannot be loaded as it is, which
+    /// Triton answers 400; a remote backend's failure is a 502.
+    pub failed_in_process: bool,
+}
+
+impl ControlReport {
+    pub fn failed(&self) -> Vec<&ControlOutcome> {
+        self.outcomes.iter().filter(|o| o.result.is_err()).collect()
+    }
+
+    /// The error message naming each backend that failed, or `None` if none did.
+    pub fn error(&self, model: &str, action: RepositoryAction) -> Option<String> {
+        let failed = self.failed();
+        if failed.is_empty() {
+            return None;
+        }
+        let each: Vec<String> = failed
+            .iter()
+            .map(|o| format!("{}: {}", o.backend, o.result.as_ref().unwrap_err()))
+            .collect();
+        Some(format!(
+            "{} of model '{model}' failed on {} of {} backends: {}",
+            action.as_str(),
+            failed.len(),
+            self.outcomes.len(),
+            each.join("; ")
+        ))
+    }
+
+    pub fn json(&self, model: &str, action: RepositoryAction) -> Value {
+        let results: Vec<Value> = self
+            .outcomes
+            .iter()
+            .map(|o| match &o.result {
+                Ok(()) => json!({"backend": o.backend, "status": "ok"}),
+                Err(e) => json!({"backend": o.backend, "status": "failed", "error": e}),
+            })
+            .collect();
+        let mut body = json!({"model": model, "action": action.as_str(), "results": results});
+        if let Some(error) = self.error(model, action) {
+            body["error"] = json!(error);
+        }
+        body
+    }
+}
+
+/// Loads or unloads `model` on every backend with a model repository; the catalog is
+/// refreshed before this returns.
+pub async fn control(
+    gw: &Gateway,
+    model: &str,
+    action: RepositoryAction,
+) -> Result<ControlReport, GatewayError> {
+    let timeout = gw.config().limits.request_timeout();
+    let outcomes = gw.fleet.control(model, action, timeout).await;
+    if outcomes.is_empty() {
+        return Err(GatewayError::BadRequest(format!(
+            "cannot {} model '{model}': no backend of this gateway has a model repository (the model_repository extension)",
+            action.as_str()
+        )));
+    }
+    let backends = gw.fleet.backends();
+    let failed_in_process = outcomes.iter().filter(|o| o.result.is_err()).all(|o| {
+        backends
+            .iter()
+            .any(|h| h.name == o.backend && h.backend.in_process())
+    });
+    Ok(ControlReport {
+        outcomes,
+        failed_in_process,
+    })
 }
 
 /// The statistics extension, from the gateway's point of view (see `observe::Stats`):

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::error::GatewayError;
+use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::layers::{Auth, AuthLayer, Policy, Shed, ShedLayer};
 use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
@@ -123,6 +124,26 @@ fn unimplemented(what: &str) -> Status {
         "{what} is not supported by tensorgate: it forwards tensors in the request itself; \
          send inputs as raw_input_contents or typed contents"
     ))
+}
+
+impl GrpcFront {
+    /// A load or unload across the fleet (`queries::control`): OK when every backend with a
+    /// repository did it; otherwise INVALID_ARGUMENT when the failures were in-process (the
+    /// model cannot be loaded as it is), INTERNAL when a remote backend failed, with the
+    /// message naming each backend that failed.
+    async fn control(&self, model: &str, action: RepositoryAction) -> Result<(), Status> {
+        if model.is_empty() {
+            return Err(Status::invalid_argument("model_name is required"));
+        }
+        let report = queries::control(&self.gw, model, action)
+            .await
+            .map_err(|e| e.to_grpc())?;
+        match report.error(model, action) {
+            None => Ok(()),
+            Some(message) if report.failed_in_process => Err(Status::invalid_argument(message)),
+            Some(message) => Err(Status::internal(message)),
+        }
+    }
 }
 
 /// Shared-memory, trace and log settings belong to each backend, not to the gateway.
@@ -250,12 +271,12 @@ impl GrpcInferenceService for GrpcFront {
         let ready_only = req.get_ref().ready;
         let models = queries::repository_index(&self.gw)
             .into_iter()
-            .filter(|e| !ready_only || e.ready)
+            .filter(|e| !ready_only || e.ready())
             .map(|e| pb::repository_index_response::ModelIndex {
-                state: e.state().to_string(),
+                state: e.state.to_string(),
                 name: e.name,
                 version: e.version.unwrap_or_default(),
-                reason: String::new(),
+                reason: e.reason,
             })
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))
@@ -263,16 +284,20 @@ impl GrpcInferenceService for GrpcFront {
 
     async fn repository_model_load(
         &self,
-        _: Request<pb::RepositoryModelLoadRequest>,
+        req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        Err(not_for_a_gateway("RepositoryModelLoad"))
+        self.control(&req.get_ref().model_name, RepositoryAction::Load)
+            .await?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
-        _: Request<pb::RepositoryModelUnloadRequest>,
+        req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        Err(not_for_a_gateway("RepositoryModelUnload"))
+        self.control(&req.get_ref().model_name, RepositoryAction::Unload)
+            .await?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
     async fn system_shared_memory_status(

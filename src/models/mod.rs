@@ -4,6 +4,8 @@
 mod accumulate;
 mod classifier;
 mod identity;
+pub mod onnx;
+pub mod repository;
 mod simple;
 
 use std::collections::BTreeMap;
@@ -22,12 +24,15 @@ pub use simple::Simple;
 pub enum ModelError {
     /// The request is wrong for this model (400).
     Invalid(String),
+    /// The model failed to run a valid request (a runtime's error): 500 for this request,
+    /// and the server goes on.
+    Failed(String),
 }
 
 impl ModelError {
     pub fn message(&self) -> &str {
         match self {
-            ModelError::Invalid(m) => m,
+            ModelError::Invalid(m) | ModelError::Failed(m) => m,
         }
     }
 }
@@ -37,8 +42,23 @@ pub trait Model: Send + Sync {
     /// Runs the model. The request has been validated against `metadata()`; every output is
     /// returned and the caller keeps the ones the client asked for.
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError>;
+    /// Runs version `version` of the model (`None`: the one `infer` runs). Models with one
+    /// version need not override it.
+    fn infer_version(
+        &self,
+        _version: Option<&str>,
+        req: &InferRequest,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        self.infer(req)
+    }
     /// Classification labels the model carries for `output`, if any.
     fn labels(&self, _output: &str) -> Option<Vec<String>> {
+        None
+    }
+    /// For a model whose runs take real time: how many may run at once. Such a model runs on
+    /// the blocking pool, never on the async workers, so that it cannot delay health checks
+    /// or other models. `None` (the built-in demo models): cheap, run in place.
+    fn instances(&self) -> Option<usize> {
         None
     }
 }

@@ -96,6 +96,7 @@ impl ServerMetadata {
 pub mod extensions {
     pub const BINARY_TENSOR_DATA: &str = "binary_tensor_data";
     pub const CLASSIFICATION: &str = "classification";
+    pub const MODEL_REPOSITORY: &str = "model_repository";
     pub const SEQUENCE: &str = "sequence";
     pub const STATISTICS: &str = "statistics";
 }

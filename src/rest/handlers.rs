@@ -6,6 +6,7 @@ use serde_json::json;
 use super::status_json;
 use crate::body::Body;
 use crate::error::GatewayError;
+use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
 use crate::gateway::Gateway;
@@ -57,14 +58,34 @@ pub fn repository_index(gw: &Gateway) -> Response<Body> {
     let list: Vec<serde_json::Value> = queries::repository_index(gw)
         .iter()
         .map(|e| {
-            let mut v = json!({ "name": e.name, "state": e.state() });
+            let mut v = json!({ "name": e.name, "state": e.state, "backends": e.backends });
             if let Some(version) = &e.version {
                 v["version"] = json!(version);
+            }
+            if !e.reason.is_empty() {
+                v["reason"] = json!(e.reason);
             }
             v
         })
         .collect();
     status_json(StatusCode::OK, serde_json::Value::Array(list))
+}
+
+/// A load or unload across the fleet: 200 when every backend with a repository did it; 502
+/// naming each one that failed (400 when the failures were in-process: the model itself
+/// cannot be loaded), each backend's result in the body either way.
+pub async fn repository_control(
+    gw: &Gateway,
+    model: &str,
+    action: RepositoryAction,
+) -> Result<Response<Body>, GatewayError> {
+    let report = queries::control(gw, model, action).await?;
+    let status = match (report.failed().is_empty(), report.failed_in_process) {
+        (true, _) => StatusCode::OK,
+        (false, true) => StatusCode::BAD_REQUEST,
+        (false, false) => StatusCode::BAD_GATEWAY,
+    };
+    Ok(status_json(status, report.json(model, action)))
 }
 
 pub fn stats(

@@ -168,6 +168,9 @@ where
         Route::Live => Ok(handlers::live()),
         Route::Ready => handlers::ready(gw),
         Route::RepositoryIndex => Ok(handlers::repository_index(gw)),
+        Route::RepositoryControl { model, action } => {
+            handlers::repository_control(gw, &model, action).await
+        }
         Route::Stats { model, version } => {
             handlers::stats(gw, model.as_deref(), version.as_deref())
         }

@@ -2,6 +2,8 @@
 
 use http::Method;
 
+use crate::fleet::backend::RepositoryAction;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     ServerMetadata,
@@ -20,6 +22,11 @@ pub enum Route {
         version: Option<String>,
     },
     RepositoryIndex,
+    /// `POST /v2/repository/models/{model}/load` or `/unload`.
+    RepositoryControl {
+        model: String,
+        action: RepositoryAction,
+    },
     Stats {
         model: Option<String>,
         version: Option<String>,
@@ -42,6 +49,15 @@ pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
         ["v2", "health", "live"] => (Route::Live, Method::GET),
         ["v2", "health", "ready"] => (Route::Ready, Method::GET),
         ["v2", "repository", "index"] => (Route::RepositoryIndex, Method::POST),
+        ["v2", "repository", "models", model, action] if !model.is_empty() => {
+            let action = match *action {
+                "load" => RepositoryAction::Load,
+                "unload" => RepositoryAction::Unload,
+                _ => return Err(RouteError::NotFound),
+            };
+            let model = model.to_string();
+            (Route::RepositoryControl { model, action }, Method::POST)
+        }
         // As in Triton, "stats" right after /v2/models is the statistics extension.
         ["v2", "models", "stats"] => (
             Route::Stats {

@@ -89,7 +89,12 @@ pub fn classifications(
                 output: o.name.clone(),
                 k,
                 batched: meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1),
-                labels: labels.get(&model.name, &o.name, in_process),
+                labels: labels.get(&model.name, &o.name).or_else(|| {
+                    in_process
+                        .then(|| backend.backend.labels(&model.name, &o.name))
+                        .flatten()
+                        .map(Arc::new)
+                }),
             });
         }
     }

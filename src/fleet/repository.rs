@@ -1,0 +1,62 @@
+//! The repository extension across the fleet. In Triton behind a Service a load reaches one
+//! pod; here it reaches every backend that lists `model_repository`, in parallel, and the
+//! catalog is rebuilt before the answer, so that an infer sent right after a successful load
+//! finds the model.
+
+use std::time::Duration;
+
+use super::backend::{BackendError, RepositoryAction};
+use super::Fleet;
+
+/// What one backend answered to a load or unload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlOutcome {
+    pub backend: String,
+    /// `Err` holds the backend's message.
+    pub result: Result<(), String>,
+}
+
+impl Fleet {
+    /// Sends `action` on `model` to every backend that has a model repository and waits
+    /// for all of them (each within `timeout`), then refreshes the catalog. Empty when no
+    /// backend has a repository.
+    pub async fn control(
+        &self,
+        model: &str,
+        action: RepositoryAction,
+        timeout: Duration,
+    ) -> Vec<ControlOutcome> {
+        let backends = self.backends();
+        let calls = backends
+            .iter()
+            .filter(|h| h.capabilities().repository)
+            .map(|h| async move {
+                let result =
+                    match tokio::time::timeout(timeout, h.backend.control(model, action)).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(message(&e)),
+                        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+                    };
+                ControlOutcome {
+                    backend: h.name.clone(),
+                    result,
+                }
+            });
+        let outcomes = futures_util::future::join_all(calls).await;
+        if !outcomes.is_empty() {
+            self.refresh().await;
+        }
+        outcomes
+    }
+}
+
+fn message(e: &BackendError) -> String {
+    match e {
+        BackendError::Status { status, message } => format!("{}: {message}", status.as_u16()),
+        BackendError::Connect(m)
+        | BackendError::Reset(m)
+        | BackendError::Failed(m)
+        | BackendError::Rejected(m)
+        | BackendError::Broken(m) => m.clone(),
+    }
+}

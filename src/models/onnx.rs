@@ -1,0 +1,301 @@
+//! ONNX models, run in pure Rust by tract. A model is parsed, typed and optimised once, when
+//! it is loaded; each request then runs the optimised plan with its own state, so that
+//! several run at once (as many as the model's `instance_group` count allows: the caller,
+//! `fleet::builtin`, holds that many permits and runs the model on the blocking pool).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tract_onnx::prelude::*;
+
+use super::{Model, ModelError};
+use crate::protocol::tensor::frame_bytes;
+use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor as V2Tensor, TensorMetadata};
+
+/// What the repository knows of a model version beside its `model.onnx`: the parts of
+/// config.pbtxt that shape its metadata.
+#[derive(Debug, Clone, Default)]
+pub struct OnnxSettings {
+    pub name: String,
+    pub versions: Vec<String>,
+    /// `platform` or `backend` from config.pbtxt; "onnxruntime_onnx" as Triton reports it
+    /// otherwise.
+    pub platform: Option<String>,
+    pub max_batch_size: u32,
+    /// Tensors config.pbtxt lists (name, datatype, dims without the batch dimension when
+    /// `max_batch_size > 0`). Empty: the graph's own.
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+    /// Classification labels by output name.
+    pub labels: HashMap<String, Vec<String>>,
+    pub instances: usize,
+}
+
+pub struct OnnxModel {
+    meta: ModelMetadata,
+    plan: Arc<TypedRunnableModel>,
+    /// The graph's inputs, in the order the plan takes them.
+    inputs: Vec<(String, DatumType)>,
+    labels: HashMap<String, Vec<String>>,
+    instances: usize,
+}
+
+impl OnnxModel {
+    pub fn load(path: &Path, settings: OnnxSettings) -> Result<OnnxModel, String> {
+        let typed = tract_onnx::onnx()
+            .model_for_path(path)
+            .and_then(|m| m.into_typed())
+            .map_err(|e| format!("{}: not a model tract can load: {e:#}", path.display()))?;
+        let graph_inputs = tensors_of(&typed, typed.input_outlets().map_err(err)?)?;
+        let graph_outputs = tensors_of(&typed, typed.output_outlets().map_err(err)?)?;
+        let inputs: Vec<(String, DatumType)> = typed
+            .input_outlets()
+            .map_err(err)?
+            .iter()
+            .zip(&graph_inputs)
+            .map(|(o, t)| {
+                Ok((
+                    t.name.clone(),
+                    typed.outlet_fact(*o).map_err(err)?.datum_type,
+                ))
+            })
+            .collect::<Result<_, String>>()?;
+        let meta = ModelMetadata {
+            name: settings.name.clone(),
+            versions: settings.versions.clone(),
+            platform: settings
+                .platform
+                .clone()
+                .unwrap_or_else(|| "onnxruntime_onnx".into()),
+            inputs: merge(
+                &graph_inputs,
+                &settings.inputs,
+                settings.max_batch_size,
+                "input",
+            )?,
+            outputs: merge(
+                &graph_outputs,
+                &settings.outputs,
+                settings.max_batch_size,
+                "output",
+            )?,
+        };
+        for output in settings.labels.keys() {
+            if !meta.outputs.iter().any(|t| &t.name == output) {
+                return Err(format!(
+                    "labels are given for output '{output}', which the model does not have"
+                ));
+            }
+        }
+        let plan = typed
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+            .map_err(|e| format!("{}: tract cannot optimise it: {e:#}", path.display()))?;
+        Ok(OnnxModel {
+            meta,
+            plan,
+            inputs,
+            labels: settings.labels,
+            instances: settings.instances.max(1),
+        })
+    }
+
+    fn to_tract(&self, req: &InferRequest) -> Result<TVec<TValue>, ModelError> {
+        self.inputs
+            .iter()
+            .map(|(name, dt)| {
+                let t = super::input(req, name)?;
+                let shape: Vec<usize> = t.shape.iter().map(|d| *d as usize).collect();
+                let tensor = if *dt == DatumType::String {
+                    let strings = t
+                        .bytes_elements()
+                        .map(|e| {
+                            std::str::from_utf8(e).map(str::to_string).map_err(|_| {
+                                ModelError::Invalid(format!(
+                                    "input '{name}': the model takes UTF-8 strings"
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<String>, _>>()?;
+                    tract_ndarray::ArrayD::from_shape_vec(shape, strings)
+                        .map_err(|e| ModelError::Failed(format!("input '{name}': {e}")))?
+                        .into()
+                } else {
+                    // SAFETY: the gateway validated the request against this model's
+                    // metadata, whose datatype is `dt`'s, and from_raw_dt checks the length.
+                    unsafe { Tensor::from_raw_dt(*dt, &shape, &t.data) }
+                        .map_err(|e| ModelError::Failed(format!("input '{name}': {e:#}")))?
+                };
+                Ok(tensor.into())
+            })
+            .collect()
+    }
+}
+
+impl Model for OnnxModel {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.meta
+    }
+
+    fn infer(&self, req: &InferRequest) -> Result<Vec<V2Tensor>, ModelError> {
+        let inputs = self.to_tract(req)?;
+        let outputs = self
+            .plan
+            .run(inputs)
+            .map_err(|e| ModelError::Failed(format!("model '{}': {e:#}", self.meta.name)))?;
+        self.meta
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(meta, value)| from_tract(&meta.name, &value))
+            .collect()
+    }
+
+    fn labels(&self, output: &str) -> Option<Vec<String>> {
+        self.labels.get(output).cloned()
+    }
+
+    fn instances(&self) -> Option<usize> {
+        Some(self.instances)
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Names, datatypes and shapes of `outlets` (symbolic or unknown dimensions are -1).
+fn tensors_of(model: &TypedModel, outlets: &[OutletId]) -> Result<Vec<TensorMetadata>, String> {
+    outlets
+        .iter()
+        .map(|o| {
+            let fact = model.outlet_fact(*o).map_err(err)?;
+            let name = model
+                .outlet_label(*o)
+                .unwrap_or(&model.node(o.node).name)
+                .to_string();
+            let datatype = v2_datatype(fact.datum_type).ok_or_else(|| {
+                format!(
+                    "tensor '{name}' has type {:?}, which v2 has no datatype for",
+                    fact.datum_type
+                )
+            })?;
+            Ok(TensorMetadata {
+                name,
+                datatype: datatype.as_str().into(),
+                shape: fact
+                    .shape
+                    .iter()
+                    .map(|d| d.as_i64().unwrap_or(-1))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// The metadata of one side: the graph's, or config.pbtxt's where it lists tensors (they must
+/// exist in the graph with the same datatype; with batching the shape is [-1] + dims).
+fn merge(
+    graph: &[TensorMetadata],
+    config: &[TensorMetadata],
+    max_batch_size: u32,
+    role: &str,
+) -> Result<Vec<TensorMetadata>, String> {
+    if config.is_empty() {
+        return Ok(graph.to_vec());
+    }
+    if config.len() != graph.len() {
+        return Err(format!(
+            "config.pbtxt lists {} {role}s, the model has {} ({})",
+            config.len(),
+            graph.len(),
+            graph
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    // The plan yields tensors in the graph's order; the metadata keeps that order.
+    graph
+        .iter()
+        .map(|g| {
+            let c = config.iter().find(|c| c.name == g.name).ok_or_else(|| {
+                format!("config.pbtxt does not list the model's {role} '{}'", g.name)
+            })?;
+            if c.datatype != g.datatype {
+                return Err(format!(
+                    "{role} '{}': config.pbtxt says {}, the model has {}",
+                    g.name, c.datatype, g.datatype
+                ));
+            }
+            let mut shape = c.shape.clone();
+            if max_batch_size > 0 {
+                shape.insert(0, -1);
+            }
+            if shape.len() != g.shape.len() {
+                return Err(format!(
+                    "{role} '{}': config.pbtxt gives {} dimensions{}, the model has {}",
+                    g.name,
+                    c.shape.len(),
+                    if max_batch_size > 0 {
+                        " after the batch dimension"
+                    } else {
+                        ""
+                    },
+                    g.shape.len()
+                ));
+            }
+            Ok(TensorMetadata {
+                name: g.name.clone(),
+                datatype: g.datatype.clone(),
+                shape,
+            })
+        })
+        .collect()
+}
+
+fn v2_datatype(dt: DatumType) -> Option<DataType> {
+    Some(match dt {
+        DatumType::Bool => DataType::Bool,
+        DatumType::U8 => DataType::Uint8,
+        DatumType::U16 => DataType::Uint16,
+        DatumType::U32 => DataType::Uint32,
+        DatumType::U64 => DataType::Uint64,
+        DatumType::I8 => DataType::Int8,
+        DatumType::I16 => DataType::Int16,
+        DatumType::I32 => DataType::Int32,
+        DatumType::I64 => DataType::Int64,
+        DatumType::F16 => DataType::Fp16,
+        DatumType::F32 => DataType::Fp32,
+        DatumType::F64 => DataType::Fp64,
+        DatumType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+fn from_tract(name: &str, t: &Tensor) -> Result<V2Tensor, ModelError> {
+    let failed = |e: String| ModelError::Failed(format!("output '{name}': {e}"));
+    let (datatype, data) = if t.datum_type() == DatumType::String {
+        let view = t
+            .to_plain_array_view::<String>()
+            .map_err(|e| failed(format!("{e:#}")))?;
+        (
+            DataType::Bytes,
+            frame_bytes(view.iter().map(String::as_bytes)),
+        )
+    } else {
+        let datatype = v2_datatype(t.datum_type())
+            .ok_or_else(|| failed(format!("type {:?} has no v2 datatype", t.datum_type())))?;
+        (datatype, Bytes::copy_from_slice(t.as_bytes()))
+    };
+    Ok(V2Tensor {
+        name: name.to_string(),
+        datatype,
+        shape: t.shape().iter().map(|d| *d as u64).collect(),
+        parameters: Default::default(),
+        data,
+    })
+}

@@ -1,0 +1,372 @@
+//! A Triton-style model repository: `DIR/<model>/<version>/model.onnx`, with an optional
+//! `DIR/<model>/config.pbtxt`. Each model is loaded on its own: one that fails is
+//! UNAVAILABLE with its reason, and the others serve.
+
+pub mod config;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use self::config::{ModelConfigFile, VersionPolicy};
+use super::onnx::{OnnxModel, OnnxSettings};
+use super::{Model, ModelError};
+use crate::protocol::{InferRequest, ModelMetadata, Tensor};
+
+const MODEL_FILE: &str = "model.onnx";
+const ONNX_PLATFORMS: &[&str] = &["onnxruntime_onnx", "onnxruntime", "onnx"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelState {
+    Ready,
+    Unavailable,
+    Loading,
+}
+
+impl ModelState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Ready => "READY",
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Loading => "LOADING",
+        }
+    }
+}
+
+/// One line of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub name: String,
+    pub version: Option<String>,
+    pub state: ModelState,
+    pub reason: String,
+}
+
+/// The result of loading one model directory.
+pub struct LoadedModel {
+    /// Present when at least one version loaded.
+    pub model: Option<Arc<dyn Model>>,
+    /// One entry per version tried (one without a version when the model failed as a whole).
+    pub entries: Vec<IndexEntry>,
+}
+
+pub struct Repository {
+    dir: PathBuf,
+    /// Names a repository model may not take (the built-in models').
+    reserved: BTreeSet<String>,
+}
+
+impl Repository {
+    pub fn open(dir: &Path, reserved: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        if !dir.is_dir() {
+            return Err(format!(
+                "model repository {} is not a directory",
+                dir.display()
+            ));
+        }
+        Ok(Repository {
+            dir: dir.to_path_buf(),
+            reserved: reserved.into_iter().collect(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The model directories, by name.
+    pub fn model_names(&self) -> Result<Vec<String>, String> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| format!("cannot list {}: {e}", self.dir.display()))?;
+        let mut names: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Whether `name` is a model directory of this repository.
+    pub fn has(&self, name: &str) -> bool {
+        is_plain_name(name) && self.dir.join(name).is_dir()
+    }
+
+    /// Reads and loads one model, with every version its policy selects. Slow (tract
+    /// optimises each graph): call it on a blocking thread.
+    pub fn load(&self, name: &str) -> LoadedModel {
+        match self.try_load(name) {
+            Ok(loaded) => loaded,
+            Err(reason) => LoadedModel {
+                model: None,
+                entries: vec![IndexEntry {
+                    name: name.to_string(),
+                    version: None,
+                    state: ModelState::Unavailable,
+                    reason,
+                }],
+            },
+        }
+    }
+
+    fn try_load(&self, name: &str) -> Result<LoadedModel, String> {
+        if !is_plain_name(name) {
+            return Err(format!("'{name}' is not a model directory name"));
+        }
+        if self.reserved.contains(name) {
+            return Err(format!(
+                "'{name}' is the name of a built-in model; rename the repository's directory"
+            ));
+        }
+        let dir = self.dir.join(name);
+        let config_path = dir.join("config.pbtxt");
+        let config = if config_path.exists() {
+            config::read(&config_path)?
+        } else {
+            ModelConfigFile::default()
+        };
+        for field in &config.ignored {
+            tracing::warn!(model = name, field = %field, "config.pbtxt: not honoured by tensorgate; ignored");
+        }
+        if let Some(n) = config.name.as_deref().filter(|n| *n != name) {
+            return Err(format!(
+                "config.pbtxt names the model '{n}', but its directory is '{name}'"
+            ));
+        }
+        if let Some(p) = [&config.platform, &config.backend]
+            .into_iter()
+            .flatten()
+            .find(|p| !ONNX_PLATFORMS.contains(&p.as_str()))
+        {
+            return Err(format!(
+                "platform or backend '{p}' is not supported: tensorgate runs ONNX models (onnxruntime_onnx) only"
+            ));
+        }
+        let labels = read_labels(&dir, &config)?;
+        let selected = select_versions(&dir, &config.version_policy)?;
+        if selected.is_empty() {
+            return Err(format!(
+                "no version directory with a {MODEL_FILE} in {}",
+                dir.display()
+            ));
+        }
+        let served: Vec<String> = selected.iter().map(|(v, _)| v.to_string()).collect();
+        let mut entries = Vec::new();
+        let mut versions = BTreeMap::new();
+        for (version, path) in selected {
+            let entry = |state, reason: String| IndexEntry {
+                name: name.to_string(),
+                version: Some(version.to_string()),
+                state,
+                reason,
+            };
+            let Some(path) = path else {
+                entries.push(entry(
+                    ModelState::Unavailable,
+                    format!("version {version} has no {MODEL_FILE} in {}", dir.display()),
+                ));
+                continue;
+            };
+            let settings = OnnxSettings {
+                name: name.to_string(),
+                versions: served.clone(),
+                platform: config.platform.clone(),
+                max_batch_size: config.max_batch_size,
+                inputs: config.inputs.iter().map(|i| i.tensor.clone()).collect(),
+                outputs: config.outputs.iter().map(|o| o.tensor.clone()).collect(),
+                labels: labels.clone(),
+                instances: config.instances.unwrap_or(1),
+            };
+            match OnnxModel::load(&path, settings) {
+                Ok(m) => {
+                    entries.push(entry(ModelState::Ready, String::new()));
+                    versions.insert(version, m);
+                }
+                Err(reason) => {
+                    tracing::error!(model = name, version, %reason, "model version failed to load");
+                    entries.push(entry(ModelState::Unavailable, reason));
+                }
+            }
+        }
+        let model = VersionedModel::new(versions).map(|m| Arc::new(m) as Arc<dyn Model>);
+        Ok(LoadedModel { model, entries })
+    }
+}
+
+/// Model directory names are single path components: nothing may reach outside the
+/// repository through a name in a load request.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
+/// The versions the policy selects, highest first for `latest`, each with its model file if
+/// it has one.
+fn select_versions(
+    dir: &Path,
+    policy: &VersionPolicy,
+) -> Result<Vec<(i64, Option<PathBuf>)>, String> {
+    let listing =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let mut present: BTreeMap<i64, PathBuf> = BTreeMap::new();
+    for entry in listing.filter_map(Result::ok) {
+        let Some(v) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        if v >= 0 && entry.path().is_dir() {
+            present.insert(v, entry.path().join(MODEL_FILE));
+        }
+    }
+    let file = |p: &PathBuf| p.is_file().then(|| p.clone());
+    Ok(match policy {
+        VersionPolicy::Latest(n) => present
+            .iter()
+            .rev()
+            .filter(|(_, p)| p.is_file())
+            .take(*n as usize)
+            .map(|(v, p)| (*v, Some(p.clone())))
+            .collect(),
+        VersionPolicy::All => present.iter().map(|(v, p)| (*v, file(p))).collect(),
+        VersionPolicy::Specific(list) => list
+            .iter()
+            .map(|v| (*v, present.get(v).and_then(file)))
+            .collect(),
+    })
+}
+
+fn read_labels(
+    dir: &Path,
+    config: &ModelConfigFile,
+) -> Result<HashMap<String, Vec<String>>, String> {
+    let mut labels = HashMap::new();
+    for output in &config.outputs {
+        let Some(file) = &output.label_filename else {
+            continue;
+        };
+        if !is_plain_name(file) {
+            return Err(format!(
+                "output '{}': label_filename '{file}' must be a file in the model's directory",
+                output.tensor.name
+            ));
+        }
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "output '{}': cannot read {}: {e}",
+                output.tensor.name,
+                path.display()
+            )
+        })?;
+        let mut lines: Vec<String> = text.lines().map(|l| l.trim_end().to_string()).collect();
+        while lines.last().is_some_and(String::is_empty) {
+            lines.pop();
+        }
+        labels.insert(output.tensor.name.clone(), lines);
+    }
+    Ok(labels)
+}
+
+/// The loaded versions of one model behind one name: requests without a version run the
+/// latest, as in Triton. The metadata (inputs, outputs) is the latest version's.
+pub struct VersionedModel {
+    versions: BTreeMap<i64, OnnxModel>,
+    meta: ModelMetadata,
+}
+
+impl VersionedModel {
+    fn new(versions: BTreeMap<i64, OnnxModel>) -> Option<Self> {
+        let (_, latest) = versions.iter().next_back()?;
+        let mut meta = latest.metadata().clone();
+        meta.versions = versions.keys().map(i64::to_string).collect();
+        Some(VersionedModel { meta, versions })
+    }
+
+    fn latest(&self) -> &OnnxModel {
+        self.versions
+            .values()
+            .next_back()
+            .expect("a VersionedModel has a version")
+    }
+}
+
+impl Model for VersionedModel {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.meta
+    }
+
+    fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError> {
+        self.latest().infer(req)
+    }
+
+    fn infer_version(
+        &self,
+        version: Option<&str>,
+        req: &InferRequest,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let Some(v) = version else {
+            return self.infer(req);
+        };
+        let model = v
+            .parse::<i64>()
+            .ok()
+            .and_then(|v| self.versions.get(&v))
+            .ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "model '{}' has no version '{v}' loaded",
+                    self.meta.name
+                ))
+            })?;
+        model.infer(req)
+    }
+
+    fn labels(&self, output: &str) -> Option<Vec<String>> {
+        self.latest().labels(output)
+    }
+
+    fn instances(&self) -> Option<usize> {
+        self.latest().instances()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_repository() {
+        for bad in ["", ".", "..", "a/b", "../x", "a\\b", "a\0b"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
+        assert!(is_plain_name("resnet50") && is_plain_name("my.model-v2"));
+        let dir = std::env::temp_dir().join(format!("tg-repo-names-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("m")).unwrap();
+        let repo = Repository::open(&dir, ["simple".to_string()]).unwrap();
+        assert!(repo.has("m") && !repo.has("..") && !repo.has("missing"));
+        let loaded = repo.load("m");
+        assert!(loaded.model.is_none());
+        assert_eq!(
+            loaded.entries[0].reason,
+            format!(
+                "no version directory with a model.onnx in {}",
+                dir.join("m").display()
+            )
+        );
+        std::fs::create_dir_all(dir.join("simple")).unwrap();
+        assert_eq!(
+            repo.load("simple").entries[0].reason,
+            "'simple' is the name of a built-in model; rename the repository's directory"
+        );
+        assert_eq!(
+            Repository::open(&dir.join("nope"), []).err(),
+            Some(format!(
+                "model repository {} is not a directory",
+                dir.join("nope").display()
+            ))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

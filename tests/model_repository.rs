@@ -1,0 +1,554 @@
+//! ONNX models from a Triton-style repository, served by `tensorgate worker
+//! --model-repository` and in-process: outputs against onnxruntime's (tests/fixtures/onnx,
+//! made by make_models.py and reference.py), real architectures from the onnx wheel's light
+//! models, a corrupt model, load and unload on a worker, their fan-out through a gateway over
+//! REST and gRPC, and health while a heavy model runs.
+
+mod common_fleet;
+mod common_grpc;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common_fleet::*;
+use serde_json::{json, Value};
+use tensorgate::protocol::grpc::pb;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A private copy of the fixture repository, which a test may change.
+fn repository(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    copy_dir(&fixtures().join("repo"), &dir.0);
+    dir
+}
+
+async fn worker(name: &str, repo: &Path) -> Worker {
+    Worker::start_with(
+        name,
+        "127.0.0.1",
+        0,
+        &["simple"],
+        &["--model-repository", repo.to_str().unwrap()],
+        &[("RUST_LOG", "info")],
+    )
+    .await
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    let r = client.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client.post(url).json(body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn index(client: &reqwest::Client, base: &str) -> Vec<Value> {
+    let (status, body) =
+        post_json(client, &format!("{base}/v2/repository/index"), &json!({})).await;
+    assert_eq!(status, 200);
+    body.as_array().unwrap().clone()
+}
+
+fn entry<'a>(index: &'a [Value], name: &str, version: &str) -> Option<&'a Value> {
+    index
+        .iter()
+        .find(|e| e["name"] == name && e["version"] == version)
+}
+
+/// Compares one output with onnxruntime's: FP32 within |a-b| <= atol + rtol*|b|, the rest
+/// exactly.
+fn assert_output_matches(case: &str, got: &Value, expected: &Value, rtol: f64, atol: f64) {
+    assert_eq!(got["datatype"], expected["datatype"], "{case}");
+    assert_eq!(got["shape"], expected["shape"], "{case}");
+    let (g, e) = (
+        got["data"].as_array().unwrap(),
+        expected["data"].as_array().unwrap(),
+    );
+    assert_eq!(g.len(), e.len(), "{case}");
+    if expected["datatype"] == "FP32" {
+        for (i, (a, b)) in g.iter().zip(e).enumerate() {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            assert!(
+                (a - b).abs() <= atol + rtol * b.abs(),
+                "{case}[{i}]: tract {a}, onnxruntime {b}"
+            );
+        }
+    } else {
+        assert_eq!(g, e, "{case}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_computes_what_onnxruntime_computes() {
+    let repo = repository("onnx-ref");
+    // Both versions of mlp, where Triton's default policy would serve the latest only.
+    let config = repo.path("mlp/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\nversion_policy: {{ latest {{ num_versions: 2 }} }}\n"),
+    )
+    .unwrap();
+    let w = worker("w", &repo.0).await;
+    let client = http_client();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo.path("reference.json")).unwrap())
+            .unwrap();
+    let rtol = reference["tolerance"]["FP32"]["rtol"].as_f64().unwrap();
+    let atol = reference["tolerance"]["FP32"]["atol"].as_f64().unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 5);
+    for case in cases {
+        let (model, version) = (
+            case["model"].as_str().unwrap(),
+            case["version"].as_str().unwrap(),
+        );
+        let name = format!("{model}/{version}");
+        let (status, body) = post_json(
+            &client,
+            &format!("{}/v2/models/{model}/versions/{version}/infer", w.url),
+            &json!({ "inputs": case["inputs"] }),
+        )
+        .await;
+        assert_eq!(status, 200, "{name}: {body}");
+        for expected in case["outputs"].as_array().unwrap() {
+            let got = body["outputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["name"] == expected["name"])
+                .unwrap_or_else(|| panic!("{name}: no output {}", expected["name"]));
+            assert_output_matches(
+                &format!("{name} {}", expected["name"]),
+                got,
+                expected,
+                rtol,
+                atol,
+            );
+        }
+    }
+
+    // Metadata: config.pbtxt's with batching ([-1] + dims), the graph's without a config.
+    let (_, mlp) = get_json(&client, &format!("{}/v2/models/mlp", w.url)).await;
+    assert_eq!(
+        mlp,
+        json!({"name": "mlp", "versions": ["1", "2"], "platform": "onnxruntime_onnx",
+               "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [-1, 16]}],
+               "outputs": [{"name": "PROBS", "datatype": "FP32", "shape": [-1, 10]}]})
+    );
+    let (_, cnn) = get_json(&client, &format!("{}/v2/models/cnn", w.url)).await;
+    assert_eq!(
+        cnn["inputs"],
+        json!([{"name": "IMAGE", "datatype": "FP32", "shape": [-1, 1, 28, 28]}])
+    );
+    assert_eq!(cnn["versions"], json!(["1"]));
+
+    // Validated before tract sees it.
+    let (status, body) = post_json(
+        &client,
+        &format!("{}/v2/models/mlp/infer", w.url),
+        &json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 15], "data": vec![0.5; 15]}]}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["error"],
+        "input 'INPUT': shape [1,15] does not match the model's [-1,16] at dimension 1"
+    );
+
+    // Classification by the labels config.pbtxt names.
+    let labels: Vec<String> = std::fs::read_to_string(repo.path("mlp/labels.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mlp_case = cases
+        .iter()
+        .find(|c| c["model"] == "mlp" && c["version"] == "2")
+        .unwrap();
+    let (status, body) = post_json(
+        &client,
+        &format!("{}/v2/models/mlp/infer", w.url),
+        &json!({"inputs": mlp_case["inputs"],
+                "outputs": [{"name": "PROBS", "parameters": {"classification": 3}}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let top = &body["outputs"][0];
+    assert_eq!(
+        (top["datatype"].as_str(), &top["shape"]),
+        (Some("BYTES"), &json!([3, 3]))
+    );
+    for class in top["data"].as_array().unwrap() {
+        let parts: Vec<&str> = class.as_str().unwrap().split(':').collect();
+        let index: usize = parts[1].parse().unwrap();
+        assert_eq!(parts[2], labels[index], "{class}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
+    let repo = repository("onnx-broken");
+    let w = worker("w", &repo.0).await;
+    let client = http_client();
+    let index = index(&client, &w.url).await;
+    let broken = entry(&index, "broken", "1").expect("broken is listed");
+    assert_eq!(broken["state"], "UNAVAILABLE");
+    let reason = broken["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!(
+            "{}: not a model tract can load: ",
+            repo.path("broken/1/model.onnx").display()
+        )),
+        "{reason}"
+    );
+    // Triton's default version policy: the latest only.
+    assert_eq!(entry(&index, "mlp", "2").unwrap()["state"], "READY");
+    assert!(entry(&index, "mlp", "1").is_none());
+    assert_eq!(entry(&index, "intbool", "1").unwrap()["state"], "READY");
+    assert_eq!(entry(&index, "simple", "1").unwrap()["state"], "READY");
+    let (status, body) = get_json(&client, &format!("{}/v2/models/broken", w.url)).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (404, &json!("unknown model 'broken'"))
+    );
+    let (status, _) = get_json(&client, &format!("{}/v2/health/ready", w.url)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reads_the_repository_again_and_unload_unloads() {
+    let repo = repository("onnx-load");
+    let w = worker("w", &repo.0).await;
+    let client = http_client();
+    let load = |model: &str| format!("{}/v2/repository/models/{model}/load", w.url);
+    let unload = |model: &str| format!("{}/v2/repository/models/{model}/unload", w.url);
+    let image = json!({"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": vec![0.25; 784]}]});
+
+    // A new model directory, and a new version of an old model.
+    copy_dir(&repo.path("cnn"), &repo.path("cnn2"));
+    copy_dir(&repo.path("mlp/2"), &repo.path("mlp/3"));
+    let (status, body) = post_json(&client, &load("cnn2"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"model": "cnn2", "action": "load", "results": [{"backend": "builtin", "status": "ok"}]})
+    );
+    let r = post_infer(&client, &w.url, "cnn2", &image).await;
+    assert_eq!(
+        r.status, 200,
+        "the catalog knows the model once load answers: {r:?}"
+    );
+    let (status, _) = post_json(&client, &load("mlp"), &json!({})).await;
+    assert_eq!(status, 200);
+    let (_, mlp) = get_json(&client, &format!("{}/v2/models/mlp", w.url)).await;
+    assert_eq!(mlp["versions"], json!(["3"]));
+
+    // Unload: gone from the catalog, UNAVAILABLE in the index.
+    let (status, _) = post_json(&client, &unload("cnn2"), &json!({})).await;
+    assert_eq!(status, 200);
+    let r = post_infer(&client, &w.url, "cnn2", &image).await;
+    assert_eq!((r.status, r.error()), (404, Some("unknown model 'cnn2'")));
+    let idx = index(&client, &w.url).await;
+    let e = idx.iter().find(|e| e["name"] == "cnn2").unwrap();
+    assert_eq!(
+        (&e["state"], &e["reason"]),
+        (&json!("UNAVAILABLE"), &json!("unloaded"))
+    );
+
+    // A corrupt new version fails to load; the loaded model keeps serving.
+    std::fs::write(repo.path("cnn/1/model.onnx"), b"\0\0not onnx at all").unwrap();
+    let (status, body) = post_json(&client, &load("cnn"), &json!({})).await;
+    assert_eq!(status, 400, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("load of model 'cnn' failed on 1 of 1 backends: builtin: version 1: "),
+        "{error}"
+    );
+    assert_eq!(body["results"][0]["status"], "failed");
+    let r = post_infer(&client, &w.url, "cnn", &image).await;
+    assert_eq!(r.status, 200, "{r:?}");
+
+    // Names that are not model directories.
+    let (status, body) = post_json(&client, &load("nothing-here"), &json!({})).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["error"],
+        format!(
+            "load of model 'nothing-here' failed on 1 of 1 backends: builtin: no model 'nothing-here' in the model repository {}",
+            repo.0.display()
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_and_unload_fan_out_through_a_gateway() {
+    let (repo_a, repo_b) = (repository("onnx-fan-a"), repository("onnx-fan-b"));
+    let a = worker("wa", &repo_a.0).await;
+    let b = worker("wb", &repo_b.0).await;
+    let text = gateway_toml(
+        &[("wa", &a.url), ("wb", &b.url)],
+        "refresh_interval_ms = 60000",
+    )
+    .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    let gw = tensorgate::run::start(parse_config(&text), false)
+        .await
+        .unwrap();
+    let base = base(&gw);
+    let client = http_client();
+
+    // A model both repositories gain: loaded everywhere, served at once (the refresh
+    // interval is a minute: the load itself refreshed the catalog).
+    copy_dir(&repo_a.path("cnn"), &repo_a.path("digits"));
+    copy_dir(&repo_b.path("cnn"), &repo_b.path("digits"));
+    let (status, body) = post_json(
+        &client,
+        &format!("{base}/v2/repository/models/digits/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"],
+        json!([{"backend": "wa", "status": "ok"}, {"backend": "wb", "status": "ok"}])
+    );
+    let image = json!({"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": vec![0.5; 784]}]});
+    let r = post_infer(&client, &base, "digits", &image).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let idx = index(&client, &base).await;
+    let digits = entry(&idx, "digits", "1").unwrap();
+    assert_eq!(
+        (&digits["state"], &digits["backends"]),
+        (&json!("READY"), &json!(["wa", "wb"]))
+    );
+    let broken = entry(&idx, "broken", "1").unwrap();
+    assert_eq!(broken["state"], "UNAVAILABLE");
+
+    // A model only one repository has: 502 naming the other, with both results.
+    copy_dir(&repo_a.path("cnn"), &repo_a.path("only-a"));
+    let (status, body) = post_json(
+        &client,
+        &format!("{base}/v2/repository/models/only-a/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["results"][0], json!({"backend": "wa", "status": "ok"}));
+    assert_eq!(body["results"][1]["status"], "failed");
+    assert_eq!(
+        body["error"],
+        format!(
+            "load of model 'only-a' failed on 1 of 2 backends: wb: 400: load of model 'only-a' failed on 1 of 1 backends: builtin: no model 'only-a' in the model repository {}",
+            repo_b.0.display()
+        )
+    );
+    let r = post_infer(&client, &base, "only-a", &image).await;
+    assert_eq!((r.status, r.backend.as_deref()), (200, Some("wa")));
+
+    // The same over gRPC: unload everywhere, then the model is gone.
+    let mut grpc = common_grpc::connect(gw.grpc_addr.unwrap()).await;
+    grpc.repository_model_unload(pb::RepositoryModelUnloadRequest {
+        model_name: "digits".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("unload over gRPC");
+    let r = post_infer(&client, &base, "digits", &image).await;
+    assert_eq!(r.status, 404, "{r:?}");
+    let e = grpc
+        .repository_model_load(pb::RepositoryModelLoadRequest {
+            model_name: "only-a".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("wb has no such model");
+    assert_eq!(e.code(), tonic::Code::Internal);
+    assert!(
+        e.message()
+            .starts_with("load of model 'only-a' failed on 1 of 2 backends: wb: 400: "),
+        "{e:?}"
+    );
+    let listed = grpc
+        .repository_index(pb::RepositoryIndexRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .models;
+    let broken = listed.iter().find(|m| m.name == "broken").unwrap();
+    assert_eq!(broken.state, "UNAVAILABLE");
+    assert!(
+        broken.reason.contains("not a model tract can load"),
+        "{broken:?}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_architectures_from_the_onnx_wheel_run() {
+    let repo = TempDir::new("onnx-light");
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("light/expected.json")).unwrap(),
+    )
+    .unwrap();
+    for model in ["squeezenet", "resnet50"] {
+        std::fs::create_dir_all(repo.path(&format!("{model}/1"))).unwrap();
+        std::fs::copy(
+            fixtures().join(format!("light/{model}.onnx")),
+            repo.path(&format!("{model}/1/model.onnx")),
+        )
+        .unwrap();
+    }
+    let w = worker("w", &repo.0).await;
+    let client = http_client();
+    for model in ["squeezenet", "resnet50"] {
+        let e = &expected[model];
+        let shape: Vec<usize> = serde_json::from_value(e["input_shape"].clone()).unwrap();
+        let n: usize = shape.iter().product();
+        // The onnx test runner's input: 0, 1/n, 2/n, ...
+        let data: Vec<f32> = (0..n).map(|i| i as f32 / n as f32).collect();
+        let body = json!({"inputs": [{"name": e["input"], "datatype": "FP32", "shape": shape, "data": data}]});
+        let (status, reply) = post_json(
+            &client,
+            &format!("{}/v2/models/{model}/infer", w.url),
+            &body,
+        )
+        .await;
+        assert_eq!(status, 200, "{model}: {reply}");
+        let out = &reply["outputs"][0];
+        assert_eq!(
+            (&out["name"], &out["shape"]),
+            (&e["output"], &e["output_shape"]),
+            "{model}"
+        );
+        let want = e["output_values"][0].as_f64().unwrap();
+        for v in out["data"].as_array().unwrap() {
+            let v = v.as_f64().unwrap();
+            assert!(
+                (v - want).abs() <= 1e-7 + 1e-3 * want,
+                "{model}: {v} against {want}"
+            );
+        }
+    }
+}
+
+/// VGG-19 on a 224x224 image takes seconds: meanwhile liveness, readiness and other models
+/// answer, since the model runs on the blocking pool (one instance: the others queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_model_does_not_hold_up_health_or_other_models() {
+    let repo = TempDir::new("onnx-heavy");
+    std::fs::create_dir_all(repo.path("vgg19/1")).unwrap();
+    std::fs::copy(
+        fixtures().join("light/vgg19.onnx"),
+        repo.path("vgg19/1/model.onnx"),
+    )
+    .unwrap();
+    let w = worker("w", &repo.0).await;
+    let n = 3 * 224 * 224;
+    let body = json!({"inputs": [{"name": "data_0", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": vec![0.5f32; n]}]});
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let (url, body) = (format!("{}/v2/models/vgg19/infer", w.url), body.clone());
+        running.push(tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(600))
+                .build()
+                .unwrap();
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    let client = http_client();
+    let mut answered_while_running = 0;
+    for x in 0..20 {
+        let (live, _) = get_json(&client, &format!("{}/v2/health/live", w.url)).await;
+        assert_eq!(live, 200);
+        let r = infer_simple(&client, &w.url, x).await;
+        assert_eq!(r.status, 200);
+        if running.iter().all(|t| !t.is_finished()) {
+            answered_while_running += 1;
+        }
+    }
+    assert!(
+        answered_while_running > 0,
+        "VGG-19 finished before any health check answered"
+    );
+    for t in running {
+        assert_eq!(t.await.unwrap().unwrap(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_repository_models_in_process() {
+    let repo = repository("onnx-serve");
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\n\n\
+         [[backends]]\nname = \"local\"\nurl = \"builtin\"\nmodel_repository = {:?}\n",
+        repo.0.display().to_string()
+    );
+    let gw = tensorgate::run::start(parse_config(&text), false)
+        .await
+        .unwrap();
+    let client = http_client();
+    let body = json!({"inputs": [
+        {"name": "A", "datatype": "INT32", "shape": [1, 4], "data": [1, 5, 3, 0]},
+        {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": [2, 2, 3, 9]}]});
+    let (status, reply) = post_json(
+        &client,
+        &format!("{}/v2/models/intbool/versions/1/infer", base(&gw)),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let out = |name: &str| {
+        reply["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == name)
+            .unwrap()["data"]
+            .clone()
+    };
+    assert_eq!(out("SUM"), json!([3, 7, 6, 9]));
+    assert_eq!(out("GREATER"), json!([false, true, false, false]));
+    assert_eq!(out("ARGMAX"), json!([1]));
+    gw.shutdown().await;
+
+    // The command line: --model-repository needs the built-in backend.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+        .args([
+            "serve",
+            "--backend",
+            "http://127.0.0.1:9",
+            "--model-repository",
+        ])
+        .arg(&repo.0)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        "--model-repository needs the built-in backend, which runs the models in-process: add --backend builtin, or a [[backends]] entry with url = \"builtin\""
+    );
+}
