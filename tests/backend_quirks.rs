@@ -104,6 +104,17 @@ async fn answer(
             None => (404, r#"{"error":"unknown model"}"#.to_string()),
         },
         ["", "models", _, .., "ready"] => (200, "{}".to_string()),
+        // The repository endpoints, as MLServer has them without listing an extension.
+        ["", "repository", "models", m, action] => {
+            log.lock()
+                .unwrap()
+                .push(json!({"repository": action, "model": m}));
+            if *m == "missing" {
+                (400, r#"{"error":"Model missing not found"}"#.to_string())
+            } else {
+                (200, String::new())
+            }
+        }
         ["", "models", m, .., "infer"] => {
             let v: Value = serde_json::from_slice(&body).expect("the gateway sends JSON");
             log.lock().unwrap().push(v.clone());
@@ -246,5 +257,44 @@ async fn bare_non_finite_literals_from_a_backend_are_read() {
     let f32s = fp32s(output(&resp, "F32"));
     assert!(f32s[0].is_nan());
     assert_eq!(&f32s[1..], &[f32::INFINITY, f32::NEG_INFINITY, 1.5]);
+    env.shutdown().await;
+}
+
+/// MLServer 1.7 answers the repository index and has load and unload, but lists no
+/// extensions: the gateway's load and unload reach it all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_and_unload_reach_a_server_that_answers_the_index_without_listing_it() {
+    let (backend, log) = start_backend(&[]).await;
+    let env = start_env(backend).await;
+    let r = env
+        .post("/v2/repository/models/full/load", &json_body(&json!({})))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let name = r.json()["results"][0]["backend"].clone();
+    assert_eq!(
+        r.json(),
+        json!({"model": "full", "action": "load", "results": [{"backend": name, "status": "ok"}]})
+    );
+    let r = env
+        .post(
+            "/v2/repository/models/missing/unload",
+            &json_body(&json!({})),
+        )
+        .await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.json()["error"],
+        format!(
+            "unload of model 'missing' failed on 1 of 1 backends: {}: 400: Model missing not found",
+            name.as_str().unwrap()
+        )
+    );
+    assert_eq!(
+        log.lock().unwrap().clone(),
+        [
+            json!({"repository": "load", "model": "full"}),
+            json!({"repository": "unload", "model": "missing"})
+        ]
+    );
     env.shutdown().await;
 }

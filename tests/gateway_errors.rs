@@ -406,7 +406,7 @@ async fn server_and_model_metadata() {
             json!({
                 "name": "tensorgate",
                 "version": env!("CARGO_PKG_VERSION"),
-                "extensions": ["binary_tensor_data", "classification", "sequence", "statistics"],
+                "extensions": ["binary_tensor_data", "classification", "model_repository", "sequence", "statistics"],
             })
         );
 

@@ -31,6 +31,9 @@ pub struct ModelList {
     pub tolerated: Vec<Tolerance>,
     /// Models (or versions) the server has but cannot serve, with why: for the index.
     pub unavailable: Vec<crate::models::repository::IndexEntry>,
+    /// It answered `POST /v2/repository/index`: it has the repository endpoints, listed as an
+    /// extension or not (MLServer 1.7 lists no extensions at all).
+    pub answers_index: bool,
 }
 
 /// The repository extension's two actions on one model.

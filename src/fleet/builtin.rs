@@ -230,6 +230,7 @@ impl Backend for BuiltinBackend {
                 tried: "the built-in backend was configured with no models".into(),
                 tolerated: vec![],
                 unavailable: self.unavailable(),
+                answers_index: self.repository.is_some(),
             })
         })
     }

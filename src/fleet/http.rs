@@ -221,6 +221,8 @@ struct ModelNames {
 /// Model names as a server lists them, once each, with whether one of its entries is ready.
 struct Listed {
     names: Vec<(String, bool)>,
+    /// They came from the repository index.
+    from_index: bool,
     /// Index entries in a state other than READY, with the server's reason, for the
     /// gateway's own index.
     unavailable: Vec<RepoEntry>,
@@ -259,6 +261,7 @@ impl Listed {
         }
         Listed {
             names,
+            from_index: true,
             unavailable,
             source: source.to_string(),
         }
@@ -273,6 +276,7 @@ impl Listed {
         }
         Listed {
             names,
+            from_index: false,
             unavailable: Vec::new(),
             source: source.to_string(),
         }
@@ -341,11 +345,13 @@ impl Backend for HttpBackend {
                 }
                 Err(tried) => Listed {
                     names: configured.iter().map(|n| (n.clone(), true)).collect(),
+                    from_index: false,
                     unavailable: Vec::new(),
                     source: format!("{tried}; so the models the config names for it"),
                 },
             };
             let mut out = ModelList {
+                answers_index: listed.from_index,
                 unavailable: listed.unavailable,
                 ..ModelList::default()
             };

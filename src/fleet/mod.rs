@@ -52,7 +52,9 @@ impl Capabilities {
             },
             exact_outputs: lists_binary && encoding != Encoding::Json,
             classification: server.supports(extensions::CLASSIFICATION),
-            repository: server.supports(extensions::MODEL_REPOSITORY),
+            // KServe 0.21 lists it as "model_repository_extension".
+            repository: server.supports(extensions::MODEL_REPOSITORY)
+                || server.supports("model_repository_extension"),
         }
     }
 }
@@ -413,9 +415,11 @@ async fn refresh_backend(
             if no_models.is_some() && no_models != h.state.load().no_models {
                 tracing::warn!(backend = %h.name, tried = %no_models.as_deref().unwrap_or_default(), "backend exposes no models");
             }
+            let mut capabilities = Capabilities::learn(&server, h.encoding);
+            capabilities.repository |= list.answers_index;
             BackendState {
                 reachable: true,
-                capabilities: Capabilities::learn(&server, h.encoding),
+                capabilities,
                 server: Some(server),
                 models,
                 unavailable: list.unavailable,
