@@ -174,6 +174,32 @@ async fn a_worker_computes_what_onnxruntime_computes() {
         "input 'INPUT': shape [1,15] does not match the model's [-1,16] at dimension 1"
     );
 
+    // max_batch_size is a bound, as in Triton; and an answer names the version that ran.
+    let (status, body) = post_json(
+        &client,
+        &format!("{}/v2/models/mlp/infer", w.url),
+        &json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [9, 16], "data": vec![0.5; 144]}]}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["error"],
+        "input 'INPUT': batch size 9 exceeds the model's max_batch_size 8"
+    );
+    let (status, body) = post_json(
+        &client,
+        &format!("{}/v2/models/intbool/infer", w.url),
+        &json!({"inputs": [
+            {"name": "A", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+            {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": [4, 3, 2, 1]}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["model_version"]),
+        (200, &json!("2")),
+        "{body}"
+    );
+
     // Classification by the labels config.pbtxt names.
     let labels: Vec<String> = std::fs::read_to_string(repo.path("mlp/labels.txt"))
         .unwrap()

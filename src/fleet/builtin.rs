@@ -287,7 +287,12 @@ impl Backend for BuiltinBackend {
             Ok(Reply::Decoded(InferResponse {
                 id: req.id.clone(),
                 model_name: call.model.to_string(),
-                model_version: Some(call.version.unwrap_or("1").to_string()),
+                // The version that ran: the one asked for, else the latest (as Triton says).
+                model_version: call
+                    .version
+                    .map(str::to_string)
+                    .or_else(|| slot.model.metadata().versions.last().cloned())
+                    .or_else(|| Some("1".into())),
                 parameters: Parameters::new(),
                 outputs,
             }))

@@ -40,6 +40,8 @@ pub struct OnnxModel {
     inputs: Vec<(String, DatumType)>,
     labels: HashMap<String, Vec<String>>,
     instances: usize,
+    /// config.pbtxt's; 0: no batching dimension to bound.
+    max_batch_size: u32,
 }
 
 impl OnnxModel {
@@ -99,7 +101,28 @@ impl OnnxModel {
             inputs,
             labels: settings.labels,
             instances: settings.instances.max(1),
+            max_batch_size: settings.max_batch_size,
         })
+    }
+
+    /// Triton refuses a batch larger than `max_batch_size`: so does this, before any work.
+    fn check_batch(&self, req: &InferRequest) -> Result<(), ModelError> {
+        if self.max_batch_size == 0 {
+            return Ok(());
+        }
+        for t in &req.inputs {
+            if let Some(&batch) = t
+                .shape
+                .first()
+                .filter(|b| **b > u64::from(self.max_batch_size))
+            {
+                return Err(ModelError::Invalid(format!(
+                    "input '{}': batch size {batch} exceeds the model's max_batch_size {}",
+                    t.name, self.max_batch_size
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn to_tract(&self, req: &InferRequest) -> Result<TVec<TValue>, ModelError> {
@@ -140,6 +163,7 @@ impl Model for OnnxModel {
     }
 
     fn infer(&self, req: &InferRequest) -> Result<Vec<V2Tensor>, ModelError> {
+        self.check_batch(req)?;
         let inputs = self.to_tract(req)?;
         let outputs = self
             .plan

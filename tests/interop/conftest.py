@@ -19,6 +19,11 @@ The REST fixtures above run with the gRPC listener off (--grpc-listen ""). With 
   launch_gateway                               -> GatewayLauncher: starts a gRPC gateway with
                                                   its own config, env or TLS, on demand
 
+ONNX (test_onnx_repository.py), REST only:
+  onnx_worker                                  -> Server, plus .repo: a `tensorgate worker` on
+                                                  a private copy of tests/fixtures/onnx/repo
+  gateway_onnx                                 -> Server: tensorgate in front of that worker
+
 KServe runs with the Python of its own venv (.venv-kserve; scripts/test.sh makes it):
 $TG_KSERVE_PYTHON, else .venv-kserve/bin/python. Its tests skip when neither is set up, and
 fail when TG_KSERVE_PYTHON names a Python that is not there.
@@ -47,6 +52,8 @@ BUILTIN_WAIT_MODELS = ("simple", "identity_fp32")
 BUILTIN_GRPC_WAIT_MODELS = ("simple", "identity_fp32", "accumulate", "classifier")
 KSERVE_MODEL_NAMES = ("addsub", "double")
 KSERVE_SERVER = util.INTEROP_DIR / "kserve" / "addsub_server.py"
+ONNX_REPO = util.REPO_ROOT / "tests" / "fixtures" / "onnx" / "repo"
+ONNX_WAIT_MODELS = ("mlp", "cnn", "intbool")
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Server:
     proc: ManagedProcess
     metrics_url: Optional[str] = None
     grpc_url: Optional[str] = None  # host:port of the gRPC listener, when it is on
+    repo: Optional[Path] = None  # the model repository of a worker started with one
 
     @property
     def base(self) -> str:
@@ -155,17 +163,19 @@ def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
         proc.stop()
 
 
-def _start_worker(work_dir: Path, name: str) -> Iterator[Server]:
-    """`tensorgate worker`: the built-in models over REST (a worker has no gRPC listener)."""
+def _start_worker(work_dir: Path, name: str, extra_args: Sequence[str] = (),
+                  wait_models: Sequence[str] = BUILTIN_GRPC_WAIT_MODELS) -> Iterator[Server]:
+    """`tensorgate worker`: the built-in models over REST (a worker has no gRPC listener),
+    with `extra_args` (e.g. --model-repository DIR) after its --listen."""
     binary = _binary()
     (port,) = util.free_ports(1)
-    argv = [str(binary), "worker", "--listen", f"127.0.0.1:{port}"]
+    argv = [str(binary), "worker", "--listen", f"127.0.0.1:{port}", *extra_args]
     env = {"RUST_BACKTRACE": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
     proc = ManagedProcess(name, argv, work_dir / f"{name}.log", env=env, cwd=util.REPO_ROOT)
     server = Server(name, f"127.0.0.1:{port}", proc)
     try:
         proc.wait_http_ok(f"{server.base}/v2/health/ready")
-        for model in BUILTIN_GRPC_WAIT_MODELS:
+        for model in wait_models:
             proc.wait_http_ok(f"{server.base}/v2/models/{model}/ready")
         yield server
     finally:
@@ -360,6 +370,30 @@ def grpc_gateway_fleet(tmp_path_factory, workers) -> Iterator[Server]:
     yield from _start_tensorgate(tmp_path_factory.mktemp("tg-grpc-fleet"), "tensorgate-grpc-fleet",
                                  [f"http://{w.url}" for w in workers], BUILTIN_GRPC_WAIT_MODELS,
                                  with_grpc=True)
+
+
+@pytest.fixture(scope="session")
+def onnx_worker(tmp_path_factory) -> Iterator[Server]:
+    """`tensorgate worker --models simple --model-repository COPY`, COPY a private copy of
+    tests/fixtures/onnx/repo (Server.repo: its path, which tests may add models to)."""
+    work_dir = tmp_path_factory.mktemp("onnx-worker")
+    repo = work_dir / "repo"
+    shutil.copytree(ONNX_REPO, repo, ignore=shutil.ignore_patterns("reference.json"))
+    gen = _start_worker(work_dir, "tensorgate-onnx-worker",
+                        ["--models", "simple", "--model-repository", str(repo)], ONNX_WAIT_MODELS)
+    try:
+        server = next(gen)  # on failure its finally has stopped the process
+        server.repo = repo
+        yield server
+    finally:
+        gen.close()
+
+
+@pytest.fixture(scope="session")
+def gateway_onnx(tmp_path_factory, onnx_worker) -> Iterator[Server]:
+    """tensorgate with that ONNX worker as its only backend."""
+    yield from _start_tensorgate(tmp_path_factory.mktemp("tg-onnx"), "tensorgate-onnx",
+                                 [f"http://{onnx_worker.url}"], ONNX_WAIT_MODELS)
 
 
 @pytest.fixture(scope="session")
