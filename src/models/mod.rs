@@ -4,6 +4,7 @@
 mod accumulate;
 mod classifier;
 mod identity;
+#[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod repository;
 mod simple;

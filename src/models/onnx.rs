@@ -10,32 +10,25 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tract_onnx::prelude::*;
 
+use super::repository::ModelSettings;
 use super::{Model, ModelError};
 use crate::protocol::tensor::frame_bytes;
 use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor as V2Tensor, TensorMetadata};
 
-/// What the repository knows of a model version beside its `model.onnx`: the parts of
-/// config.pbtxt that shape its metadata.
-#[derive(Debug, Clone, Default)]
-pub struct OnnxSettings {
-    pub name: String,
-    pub versions: Vec<String>,
-    /// `platform` or `backend` from config.pbtxt; "onnxruntime_onnx" as Triton reports it
-    /// otherwise.
-    pub platform: Option<String>,
-    pub max_batch_size: u32,
-    /// Tensors config.pbtxt lists (name, datatype, dims without the batch dimension when
-    /// `max_batch_size > 0`). Empty: the graph's own.
-    pub inputs: Vec<TensorMetadata>,
-    pub outputs: Vec<TensorMetadata>,
-    /// Classification labels by output name.
-    pub labels: HashMap<String, Vec<String>>,
-    pub instances: usize,
-}
+/// Most plans kept per model for concrete input shapes; shapes beyond run the general plan.
+const MAX_SPECIALIZED: usize = 16;
 
 pub struct OnnxModel {
     meta: ModelMetadata,
+    /// The plan for any value of the graph's symbolic dimensions.
     plan: Arc<TypedRunnableModel>,
+    /// The decluttered graph, symbols unbound, from which specialised plans are made.
+    graph: TypedModel,
+    /// Each symbolic dimension of an input: (input, axis, symbol).
+    symbols: Vec<(usize, usize, Symbol)>,
+    /// Plans optimised for concrete values of the symbols (a batch size, typically), made on
+    /// first use: tract picks much better kernels when every dimension is known.
+    specialized: std::sync::Mutex<HashMap<Vec<i64>, Arc<TypedRunnableModel>>>,
     /// The graph's inputs, in the order the plan takes them.
     inputs: Vec<(String, DatumType)>,
     labels: HashMap<String, Vec<String>>,
@@ -45,7 +38,7 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
-    pub fn load(path: &Path, settings: OnnxSettings) -> Result<OnnxModel, String> {
+    pub fn load(path: &Path, settings: ModelSettings) -> Result<OnnxModel, String> {
         let typed = tract_onnx::onnx()
             .model_for_path(path)
             .and_then(|m| m.into_typed())
@@ -91,18 +84,85 @@ impl OnnxModel {
                 ));
             }
         }
-        let plan = typed
+        let graph = typed
+            .into_decluttered()
+            .map_err(|e| format!("{}: tract cannot simplify it: {e:#}", path.display()))?;
+        let mut symbols = Vec::new();
+        for (i, outlet) in graph.input_outlets().map_err(err)?.iter().enumerate() {
+            for (axis, dim) in graph
+                .outlet_fact(*outlet)
+                .map_err(err)?
+                .shape
+                .iter()
+                .enumerate()
+            {
+                if let TDim::Sym(sym) = dim {
+                    symbols.push((i, axis, sym.clone()));
+                }
+            }
+        }
+        let plan = graph
+            .clone()
             .into_optimized()
             .and_then(|m| m.into_runnable())
             .map_err(|e| format!("{}: tract cannot optimise it: {e:#}", path.display()))?;
         Ok(OnnxModel {
             meta,
             plan,
+            graph,
+            symbols,
+            specialized: Default::default(),
             inputs,
             labels: settings.labels,
             instances: settings.instances.max(1),
             max_batch_size: settings.max_batch_size,
         })
+    }
+
+    /// The plan for this request's shapes: a specialised one (made now if there is room), or
+    /// the general one.
+    fn plan_for(&self, req: &InferRequest) -> Result<Arc<TypedRunnableModel>, ModelError> {
+        if self.symbols.is_empty() {
+            return Ok(self.plan.clone());
+        }
+        let mut bound: HashMap<Symbol, i64> = HashMap::new();
+        let mut key = Vec::with_capacity(self.symbols.len());
+        for (i, axis, sym) in &self.symbols {
+            let (name, _) = &self.inputs[*i];
+            let t = super::input(req, name)?;
+            let value = t.shape.get(*axis).copied().unwrap_or(0) as i64;
+            if let Some(previous) = bound.insert(sym.clone(), value).filter(|p| *p != value) {
+                return Err(ModelError::Invalid(format!(
+                    "inputs disagree on dimension {sym}: {previous} and {value} (input '{name}')"
+                )));
+            }
+            key.push(value);
+        }
+        let mut cache = self.specialized.lock().expect("plan cache lock");
+        if let Some(plan) = cache.get(&key) {
+            return Ok(plan.clone());
+        }
+        if cache.len() >= MAX_SPECIALIZED {
+            return Ok(self.plan.clone());
+        }
+        let subs: HashMap<Symbol, TDim> =
+            bound.into_iter().map(|(s, v)| (s, TDim::Val(v))).collect();
+        match self
+            .graph
+            .set_symbols(&subs)
+            .and_then(|m| m.into_optimized())
+            .and_then(|m| m.into_runnable())
+        {
+            Ok(plan) => {
+                cache.insert(key, plan.clone());
+                Ok(plan)
+            }
+            // The general plan still runs it; the next request with these shapes tries again.
+            Err(e) => {
+                tracing::debug!(model = %self.meta.name, error = %format!("{e:#}"), "no specialised plan");
+                Ok(self.plan.clone())
+            }
+        }
     }
 
     /// Triton refuses a batch larger than `max_batch_size`: so does this, before any work.
@@ -164,9 +224,9 @@ impl Model for OnnxModel {
 
     fn infer(&self, req: &InferRequest) -> Result<Vec<V2Tensor>, ModelError> {
         self.check_batch(req)?;
+        let plan = self.plan_for(req)?;
         let inputs = self.to_tract(req)?;
-        let outputs = self
-            .plan
+        let outputs = plan
             .run(inputs)
             .map_err(|e| ModelError::Failed(format!("model '{}': {e:#}", self.meta.name)))?;
         self.meta

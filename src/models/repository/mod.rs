@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use self::config::{ModelConfigFile, VersionPolicy};
-use super::onnx::{OnnxModel, OnnxSettings};
 use super::{Model, ModelError};
-use crate::protocol::{InferRequest, ModelMetadata, Tensor};
+use crate::protocol::{InferRequest, ModelMetadata, Tensor, TensorMetadata};
 
 const MODEL_FILE: &str = "model.onnx";
 const ONNX_PLATFORMS: &[&str] = &["onnxruntime_onnx", "onnxruntime", "onnx"];
@@ -31,6 +30,40 @@ impl ModelState {
             ModelState::Loading => "LOADING",
         }
     }
+}
+
+/// What the repository knows of a model version beside its `model.onnx`: the parts of
+/// config.pbtxt that shape its metadata.
+#[derive(Debug, Clone, Default)]
+pub struct ModelSettings {
+    pub name: String,
+    pub versions: Vec<String>,
+    /// `platform` or `backend` from config.pbtxt; "onnxruntime_onnx" as Triton reports it
+    /// otherwise.
+    pub platform: Option<String>,
+    pub max_batch_size: u32,
+    /// Tensors config.pbtxt lists (name, datatype, dims without the batch dimension when
+    /// `max_batch_size > 0`). Empty: the graph's own.
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+    /// Classification labels by output name.
+    pub labels: HashMap<String, Vec<String>>,
+    pub instances: usize,
+}
+
+/// Loads one version's model file: with tract, or not at all in a build without the `onnx`
+/// feature.
+#[cfg(feature = "onnx")]
+fn load_version(path: &Path, settings: ModelSettings) -> Result<Arc<dyn Model>, String> {
+    super::onnx::OnnxModel::load(path, settings).map(|m| Arc::new(m) as Arc<dyn Model>)
+}
+
+#[cfg(not(feature = "onnx"))]
+fn load_version(path: &Path, _settings: ModelSettings) -> Result<Arc<dyn Model>, String> {
+    Err(format!(
+        "{}: this tensorgate was built without ONNX support (the onnx feature)",
+        path.display()
+    ))
 }
 
 /// One line of the repository index.
@@ -168,7 +201,7 @@ impl Repository {
                 ));
                 continue;
             };
-            let settings = OnnxSettings {
+            let settings = ModelSettings {
                 name: name.to_string(),
                 versions: served.clone(),
                 platform: config.platform.clone(),
@@ -178,7 +211,7 @@ impl Repository {
                 labels: labels.clone(),
                 instances: config.instances.unwrap_or(1),
             };
-            match OnnxModel::load(&path, settings) {
+            match load_version(&path, settings) {
                 Ok(m) => {
                     entries.push(entry(ModelState::Ready, String::new()));
                     versions.insert(version, m);
@@ -273,19 +306,19 @@ fn read_labels(
 /// The loaded versions of one model behind one name: requests without a version run the
 /// latest, as in Triton. The metadata (inputs, outputs) is the latest version's.
 pub struct VersionedModel {
-    versions: BTreeMap<i64, OnnxModel>,
+    versions: BTreeMap<i64, Arc<dyn Model>>,
     meta: ModelMetadata,
 }
 
 impl VersionedModel {
-    fn new(versions: BTreeMap<i64, OnnxModel>) -> Option<Self> {
+    fn new(versions: BTreeMap<i64, Arc<dyn Model>>) -> Option<Self> {
         let (_, latest) = versions.iter().next_back()?;
         let mut meta = latest.metadata().clone();
         meta.versions = versions.keys().map(i64::to_string).collect();
         Some(VersionedModel { meta, versions })
     }
 
-    fn latest(&self) -> &OnnxModel {
+    fn latest(&self) -> &Arc<dyn Model> {
         self.versions
             .values()
             .next_back()
