@@ -138,7 +138,7 @@ run() {
   local f=$OUT/$name.r$round.txt
   echo "$name $round $((after - before)) $CLK $(awk '/Requests\/sec/ {print $2}' "$f") \
 $(awk '$1=="50%" {print $2}' "$f") $(awk '$1=="99%" {print $2}' "$f") \
-$(awk '/Non-2xx/ {print $4}' "$f" | grep . || echo 0) \
+$(awk '/Non-2xx/ {print $NF}' "$f" | grep . || echo 0) \
 $(awk '/requests in/ {print $1}' "$f") $((ops_after - ops_before))" >> "$OUT/rounds.txt"
 }
 for round in $(seq 1 "$ROUNDS"); do
