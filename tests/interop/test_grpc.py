@@ -340,9 +340,18 @@ def test_statistics_match_rest_and_count_grpc(grpc_builtin, rest_builtin, grpc_g
     assert all_models == BUILTIN_NAMES
 
 
+@pytest.mark.parametrize("call,action", [
+    (lambda c: c.load_model("simple"), "load"),
+    (lambda c: c.unload_model("simple"), "unload"),
+], ids=["load", "unload"])
+def test_repository_control_needs_a_backend_with_a_repository(grpc_builtin, call, action):
+    # The built-in backend here has no model repository: nothing could load the model.
+    grpc_error(lambda: call(grpc_builtin), "INVALID_ARGUMENT",
+               f"cannot {action} model 'simple': no backend of this gateway has a model repository "
+               "(the model_repository extension)")
+
+
 @pytest.mark.parametrize("call,message", [
-    (lambda c: c.load_model("simple"), NOT_FOR_A_GATEWAY.format("RepositoryModelLoad")),
-    (lambda c: c.unload_model("simple"), NOT_FOR_A_GATEWAY.format("RepositoryModelUnload")),
     (lambda c: c.get_system_shared_memory_status(), UNSUPPORTED_MEMORY.format("system shared memory")),
     (lambda c: c.register_system_shared_memory("r", "/tg-shm", 64), UNSUPPORTED_MEMORY.format("system shared memory")),
     (lambda c: c.unregister_system_shared_memory(), UNSUPPORTED_MEMORY.format("system shared memory")),
@@ -353,7 +362,7 @@ def test_statistics_match_rest_and_count_grpc(grpc_builtin, rest_builtin, grpc_g
     (lambda c: c.update_trace_settings(settings={"trace_rate": "1"}), NOT_FOR_A_GATEWAY.format("TraceSetting")),
     (lambda c: c.get_log_settings(), NOT_FOR_A_GATEWAY.format("LogSettings")),
     (lambda c: c.update_log_settings({"log_info": True}), NOT_FOR_A_GATEWAY.format("LogSettings")),
-], ids=["load", "unload", "shm-status", "shm-register", "shm-unregister", "cuda-status", "cuda-register",
+], ids=["shm-status", "shm-register", "shm-unregister", "cuda-status", "cuda-register",
         "cuda-unregister", "trace-get", "trace-update", "log-get", "log-update"])
 def test_unimplemented_rpcs(grpc_builtin, call, message):
     grpc_error(lambda: call(grpc_builtin), "UNIMPLEMENTED", message)
