@@ -578,3 +578,33 @@ async fn serve_runs_repository_models_in_process() {
         "--model-repository needs the built-in backend, which runs the models in-process: add --backend builtin, or a [[backends]] entry with url = \"builtin\""
     );
 }
+
+/// An error only running can find (tract panics on a Gather index out of range): a 500 for
+/// that request, and the worker goes on serving it and others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_failure_is_that_requests_500() {
+    let w = worker("w", &fixtures().join("runtime_error")).await;
+    let client = http_client();
+    let gather = |i: i64| {
+        json!({"inputs": [
+            {"name": "X", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]},
+            {"name": "I", "datatype": "INT64", "shape": [1], "data": [i]}]})
+    };
+    let url = format!("{}/v2/models/gather/infer", w.url);
+    let (status, body) = post_json(&client, &url, &gather(10)).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(
+        body["error"],
+        "model 'gather' failed: the runtime panicked: index out of bounds: the len is 4 but the index is 10"
+    );
+    for (i, want) in [(2, 3.0), (-1, 4.0)] {
+        let (status, body) = post_json(&client, &url, &gather(i)).await;
+        assert_eq!(
+            (status, &body["outputs"][0]["data"]),
+            (200, &json!([want])),
+            "{body}"
+        );
+    }
+    let r = infer_simple(&client, &w.url, 1).await;
+    assert_eq!(r.status, 200);
+}

@@ -169,6 +169,20 @@ impl BuiltinBackend {
     }
 }
 
+/// A run that panicked (a runtime's bug: tract panics on some bad inputs) is this request's
+/// 500, with the panic's message; the worker goes on.
+fn panicked(model: &str, e: tokio::task::JoinError) -> String {
+    let detail = match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into()),
+        Err(e) => e.to_string(),
+    };
+    format!("model '{model}' failed: the runtime panicked: {detail}")
+}
+
 fn entry(name: &str, state: ModelState, reason: String) -> IndexEntry {
     IndexEntry {
         name: name.to_string(),
@@ -264,9 +278,7 @@ impl Backend for BuiltinBackend {
                         (model.infer_version(version.as_deref(), &req), req)
                     })
                     .await
-                    .map_err(|e| {
-                        BackendError::Broken(format!("model '{}' failed: {e}", call.model))
-                    })?
+                    .map_err(|e| BackendError::Broken(panicked(call.model, e)))?
                 }
             };
             let outputs = outputs.map_err(|e| match e {

@@ -138,7 +138,11 @@ impl OnnxModel {
             }
             key.push(value);
         }
-        let mut cache = self.specialized.lock().expect("plan cache lock");
+        // A panic inside tract while a plan was made must not leave the model unusable.
+        let mut cache = self
+            .specialized
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(plan) = cache.get(&key) {
             return Ok(plan.clone());
         }
