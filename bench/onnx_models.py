@@ -106,6 +106,11 @@ def timed(call, seconds: float) -> list[int]:
     while n < 20 or time.perf_counter() < end:
         call()
         n += 1
+    return time_calls(call, seconds)
+
+
+def time_calls(call, seconds: float) -> list[int]:
+    """Calls `call` for `seconds`, no warm-up; the duration of each call, in ns."""
     times = []
     end = time.perf_counter_ns() + int(seconds * 1e9)
     while True:
@@ -214,15 +219,7 @@ def run_tract(addr: str, repo: Path, seconds: float, rnd: int) -> None:
         # Warm up, snapshot, time, snapshot: the statistics cover exactly the timed requests.
         timed(call, 0)
         before = stats(control, model)
-        times = []
-        end = time.perf_counter_ns() + int(seconds * 1e9)
-        while True:
-            a = time.perf_counter_ns()
-            call()
-            b = time.perf_counter_ns()
-            times.append(b - a)
-            if b >= end:
-                break
+        times = time_calls(call, seconds)
         after = stats(control, model)
         d = {k: after[k] - before[k] for k in after}
         emit({"side": "tract", "round": rnd, "model": model, "batch": batch,

@@ -744,11 +744,7 @@ async fn grpc_health_follows_readiness() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
     let (gw, _) = start(config(&[], "")).await;
-    let channel = Channel::from_shared(format!("http://{}", gw.grpc_addr.unwrap()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(gw.grpc_addr.unwrap()).await;
     let mut health = HealthClient::new(channel);
     let check = |service: &str| HealthCheckRequest {
         service: service.into(),
@@ -1039,11 +1035,7 @@ async fn a_health_watch_ends_once_a_drain_has_said_not_serving() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
     let (gw, _) = start(config(&[], "")).await;
-    let channel = Channel::from_shared(format!("http://{}", gw.grpc_addr.unwrap()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(gw.grpc_addr.unwrap()).await;
     let mut watch = HealthClient::new(channel)
         .watch(HealthCheckRequest {
             service: String::new(),

@@ -559,6 +559,23 @@ async fn serve_runs_repository_models_in_process() {
     assert_eq!(out("SUM"), json!([3, 7, 6, 9]));
     assert_eq!(out("GREATER"), json!([false, true, false, false]));
     assert_eq!(out("ARGMAX"), json!([1]));
+    // Both inputs share the graph's batch dimension: the metadata ([-1,4] each) cannot say so.
+    let disagree = json!({"inputs": [
+        {"name": "A", "datatype": "INT32", "shape": [1, 4], "data": [1, 5, 3, 0]},
+        {"name": "B", "datatype": "INT32", "shape": [2, 4], "data": [2, 2, 3, 9, 2, 2, 3, 9]}]});
+    let (status, reply) = post_json(
+        &client,
+        &format!("{}/v2/models/intbool/infer", base(&gw)),
+        &disagree,
+    )
+    .await;
+    assert_eq!(status, 400, "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("inputs disagree on dimension ")
+            && error.ends_with(": 1 and 2 (input 'B')"),
+        "{error}"
+    );
     gw.shutdown().await;
 
     // The command line: --model-repository needs the built-in backend.

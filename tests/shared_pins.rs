@@ -301,14 +301,15 @@ async fn a_restarted_replica_continues_live_sequences_over_either_transport() {
     let r1 = start_gateway(gateway_config(&first3, &fleet)).await;
     let bases = [base(&r0), base(&r1)];
 
-    // Sequences 1 to 20 start over REST on either replica; 21 to 40 over gRPC on r0.
+    // Sequences 1 to 40 start over REST on either replica; 41 to 80 over gRPC on r0 (about a
+    // quarter of them move when the fourth worker joins: enough that at least 5 do).
     let mut rng = fastrand::Rng::with_seed(0x5eed_0301);
-    let rest: Vec<Seq> = (1..=20).map(|id| Seq::new(id, 6, &mut rng)).collect();
+    let rest: Vec<Seq> = (1..=40).map(|id| Seq::new(id, 6, &mut rng)).collect();
     let mut live = drive(rest, &bases, 2, 0x5eed_0302, 2)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut grpc = connect(r0.grpc_addr.unwrap()).await;
-    for id in 21..=40u64 {
+    for id in 41..=80u64 {
         let mut s = Seq::new(id, 6, &mut rng);
         let (sum, backend) = accumulate_grpc(&mut grpc, int64(id as i64), s.values[0], true)
             .await
@@ -329,10 +330,10 @@ async fn a_restarted_replica_continues_live_sequences_over_either_transport() {
     let r1 = start_gateway(with_grpc(gateway_config(&all4, &fleet))).await;
     moved_by_the_change(&r1, &live);
 
-    // Sequences 1 to 20 take one step over gRPC on the restarted replica; all of them then
+    // Sequences 1 to 40 take one step over gRPC on the restarted replica; all of them then
     // finish over REST there.
     let mut grpc = connect(r1.grpc_addr.unwrap()).await;
-    for s in live.iter_mut().filter(|s| s.id <= 20) {
+    for s in live.iter_mut().filter(|s| s.id <= 40) {
         let v = s.values[s.next];
         let (sum, backend) = accumulate_grpc(&mut grpc, int64(s.id as i64), v, false)
             .await

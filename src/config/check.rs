@@ -160,7 +160,7 @@ fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
         // A variable unset here may be set where the gateway runs: `serve` checks it.
         Redis => {
             if let Ok(Some(url)) = pins.resolve_url() {
-                if let Err(e) = crate::pinstore::check_url(&url) {
+                if let Err(e) = super::redis_url::check_url(&url) {
                     errors.push(format!("fleet.pins.url: {e}"));
                 } else if pins.ca.is_some() && !url.starts_with("rediss://") {
                     errors.push("fleet.pins.ca applies to rediss:// URLs only".into());

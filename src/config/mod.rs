@@ -2,6 +2,7 @@
 //! `config/tensorgate.toml` is the commented example and the embedded default.
 
 mod check;
+pub mod redis_url;
 mod restart;
 
 use std::collections::BTreeMap;

@@ -172,7 +172,7 @@ pub trait Backend: Send + Sync {
     /// Labels an in-process model carries for `output` (the built-in classifier's, a
     /// repository model's `label_filename`). Labels of a remote model are its server's
     /// business: an external model of the same name is a different model.
-    fn labels(&self, _model: &str, _output: &str) -> Option<Vec<String>> {
+    fn labels(&self, _model: &str, _output: &str) -> Option<std::sync::Arc<Vec<String>>> {
         None
     }
     /// Loads (reading it again from the repository) or unloads one model, for a server that

@@ -311,7 +311,7 @@ impl Backend for BuiltinBackend {
         })
     }
 
-    fn labels(&self, model: &str, output: &str) -> Option<Vec<String>> {
+    fn labels(&self, model: &str, output: &str) -> Option<Arc<Vec<String>>> {
         self.models.load().get(model)?.model.labels(output)
     }
 

@@ -120,18 +120,24 @@ impl HttpBackend {
                 other => other?,
             };
             let status = resp.status();
-            let bytes = Limited::new(resp.into_body(), MAX_SMALL_BODY)
-                .collect()
-                .await
-                .map_err(|e| {
-                    BackendError::Failed(format!("reading {path} from {}: {e}", self.base))
-                })?
-                .to_bytes();
-            Ok((status, bytes))
+            Ok((status, self.small_body(resp, path).await?))
         };
         tokio::time::timeout(self.probe_timeout, fut)
             .await
             .map_err(|_| BackendError::Failed(format!("{path} on {} timed out", self.base)))?
+    }
+
+    /// A control-plane answer's body, up to `MAX_SMALL_BODY`.
+    async fn small_body(
+        &self,
+        resp: http::Response<hyper::body::Incoming>,
+        path: &str,
+    ) -> Result<Bytes, BackendError> {
+        Ok(Limited::new(resp.into_body(), MAX_SMALL_BODY)
+            .collect()
+            .await
+            .map_err(|e| BackendError::Failed(format!("reading {path} from {}: {e}", self.base)))?
+            .to_bytes())
     }
 
     async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, BackendError> {
@@ -437,13 +443,7 @@ impl Backend for HttpBackend {
                 .map_err(|e| BackendError::Failed(e.to_string()))?;
             let resp = self.send(req).await?;
             let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_SMALL_BODY)
-                .collect()
-                .await
-                .map_err(|e| {
-                    BackendError::Failed(format!("reading {path} from {}: {e}", self.base))
-                })?
-                .to_bytes();
+            let body = self.small_body(resp, &path).await?;
             if status.is_success() {
                 Ok(())
             } else {

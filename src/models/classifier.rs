@@ -11,11 +11,13 @@ pub const CLASSES: usize = 10;
 
 pub struct Classifier {
     meta: ModelMetadata,
+    labels: std::sync::Arc<Vec<String>>,
 }
 
 impl Classifier {
     pub fn new() -> Self {
         Classifier {
+            labels: std::sync::Arc::new(crate::protocol::classify::parse_labels(LABELS)),
             meta: metadata(
                 "classifier",
                 vec![tensor_meta(
@@ -70,8 +72,8 @@ impl Model for Classifier {
         &self.meta
     }
 
-    fn labels(&self, output: &str) -> Option<Vec<String>> {
-        (output == "OUTPUT0").then(|| crate::protocol::classify::parse_labels(LABELS))
+    fn labels(&self, output: &str) -> Option<std::sync::Arc<Vec<String>>> {
+        (output == "OUTPUT0").then(|| self.labels.clone())
     }
 
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError> {

@@ -53,7 +53,8 @@ pub trait Model: Send + Sync {
         self.infer(req)
     }
     /// Classification labels the model carries for `output`, if any.
-    fn labels(&self, _output: &str) -> Option<Vec<String>> {
+    /// Shared, since the gateway asks on every request it classifies.
+    fn labels(&self, _output: &str) -> Option<Arc<Vec<String>>> {
         None
     }
     /// For a model whose runs take real time: how many may run at once. Such a model runs on

@@ -31,7 +31,7 @@ pub struct OnnxModel {
     specialized: std::sync::Mutex<HashMap<Vec<i64>, Arc<TypedRunnableModel>>>,
     /// The graph's inputs, in the order the plan takes them.
     inputs: Vec<(String, DatumType)>,
-    labels: HashMap<String, Vec<String>>,
+    labels: HashMap<String, Arc<Vec<String>>>,
     instances: usize,
     /// config.pbtxt's; 0: no batching dimension to bound.
     max_batch_size: u32,
@@ -113,7 +113,11 @@ impl OnnxModel {
             symbols,
             specialized: Default::default(),
             inputs,
-            labels: settings.labels,
+            labels: settings
+                .labels
+                .into_iter()
+                .map(|(o, l)| (o, Arc::new(l)))
+                .collect(),
             instances: settings.instances.max(1),
             max_batch_size: settings.max_batch_size,
         })
@@ -241,7 +245,7 @@ impl Model for OnnxModel {
             .collect()
     }
 
-    fn labels(&self, output: &str) -> Option<Vec<String>> {
+    fn labels(&self, output: &str) -> Option<Arc<Vec<String>>> {
         self.labels.get(output).cloned()
     }
 

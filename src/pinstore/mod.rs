@@ -22,11 +22,12 @@ use std::time::{Duration, Instant};
 
 use prometheus::{IntCounter, IntGauge};
 
+use crate::config::redis_url::{check_url, redact};
 use crate::config::{PinStoreKind, PinsConfig};
 use crate::metrics::Metrics;
 use crate::protocol::{RequestOptions, SequenceId};
 use crate::routing::pins::{Cached, PinTable};
-pub use redis_pins::{check_url, pin_key, redact};
+pub use redis_pins::pin_key;
 
 /// After a failure the store is not asked again for this long: requests meanwhile do not
 /// each wait for a timeout.

@@ -6,6 +6,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
+use crate::config::redis_url::redact;
+
 use crate::protocol::SequenceId;
 
 /// Get-or-claim in one round trip: the holder of the key if there is one (its TTL renewed,
@@ -26,51 +28,6 @@ pub struct RedisPins {
     claim: Script,
     prefix: String,
     ttl_ms: u64,
-}
-
-/// Accepts what the client accepts, and only the schemes the docs promise.
-pub fn check_url(url: &str) -> Result<(), String> {
-    let parsed = redis::parse_redis_url(url)
-        .ok_or_else(|| format!("'{}' is not a redis:// or rediss:// URL", redact(url)))?;
-    if !matches!(parsed.scheme(), "redis" | "rediss") {
-        return Err(format!(
-            "'{}' must start with redis:// or rediss://",
-            redact(url)
-        ));
-    }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(format!("'{}' has no host", redact(url)));
-    }
-    let db = parsed.path().trim_start_matches('/');
-    if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "'{}': the path must be a database number, as in redis://host:6379/0, not '/{db}'",
-            redact(url)
-        ));
-    }
-    Client::open(url)
-        .map(drop)
-        .map_err(|e| format!("'{}': {e}", redact(url)))
-}
-
-/// The URL without its password, for messages and logs, whatever its scheme.
-pub fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let authority_end = url[scheme_end..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end]
-        .rfind('@')
-        .map(|i| scheme_end + i)
-    else {
-        return url.to_string();
-    };
-    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
-        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
-        None => url.to_string(),
-    }
 }
 
 impl RedisPins {
@@ -195,27 +152,5 @@ mod tests {
             pin_key(p, "a:s%", &SequenceId::Uint(7)),
             "tensorgate:pin:a%3As%25:u:7"
         );
-    }
-
-    #[test]
-    fn urls_are_checked_and_passwords_hidden() {
-        assert_eq!(check_url("redis://127.0.0.1:6379/0"), Ok(()));
-        assert_eq!(check_url("rediss://:secret@redis.example:6380"), Ok(()));
-        assert_eq!(
-            check_url("http://127.0.0.1:6379"),
-            Err("'http://127.0.0.1:6379' is not a redis:// or rediss:// URL".into())
-        );
-        assert_eq!(
-            check_url("redis://:secret@127.0.0.1:6379/x"),
-            Err("'redis://:***@127.0.0.1:6379/x': the path must be a database number, as in redis://host:6379/0, not '/x'".into())
-        );
-        assert_eq!(
-            redact("redis://user:secret@h:1/2"),
-            "redis://user:***@h:1/2"
-        );
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("http://:pw@h:1"), "http://:***@h:1");
-        assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
-        assert_eq!(redact("not a url"), "not a url");
     }
 }

@@ -11,14 +11,18 @@ use tonic::transport::Channel;
 
 pub type Client = GrpcInferenceServiceClient<Channel>;
 
-/// A client of the gRPC listener at `addr`.
-pub async fn connect(addr: std::net::SocketAddr) -> Client {
-    let channel = Channel::from_shared(format!("http://{addr}"))
+/// A channel to the gRPC listener at `addr`.
+pub async fn channel(addr: std::net::SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
-        .expect("connect to the gRPC listener");
-    GrpcInferenceServiceClient::new(channel)
+        .expect("connect to the gRPC listener")
+}
+
+/// A client of the gRPC listener at `addr`.
+pub async fn connect(addr: std::net::SocketAddr) -> Client {
+    GrpcInferenceServiceClient::new(channel(addr).await)
 }
 
 pub fn int64(v: i64) -> pb::InferParameter {

@@ -93,7 +93,6 @@ pub fn classifications(
                     in_process
                         .then(|| backend.backend.labels(&model.name, &o.name))
                         .flatten()
-                        .map(Arc::new)
                 }),
             });
         }

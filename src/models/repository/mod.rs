@@ -356,7 +356,7 @@ impl Model for VersionedModel {
         model.infer(req)
     }
 
-    fn labels(&self, output: &str) -> Option<Vec<String>> {
+    fn labels(&self, output: &str) -> Option<Arc<Vec<String>>> {
         self.latest().labels(output)
     }
 
