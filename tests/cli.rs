@@ -40,11 +40,17 @@ fn help_texts_mention_every_documented_flag() {
     );
     assert_mentions(
         &tensorgate(&["serve", "--help"]),
-        &["--config", "--listen", "--metrics-listen", "--backend"],
+        &[
+            "--config",
+            "--listen",
+            "--metrics-listen",
+            "--backend",
+            "--worker-threads",
+        ],
     );
     assert_mentions(
         &tensorgate(&["worker", "--help"]),
-        &["--listen", "--models"],
+        &["--listen", "--models", "--worker-threads"],
     );
     assert_mentions(&tensorgate(&["check-config", "--help"]), &["FILE"]);
     let v = tensorgate(&["--version"]);
@@ -274,6 +280,7 @@ async fn wait_ready(client: &reqwest::Client, url: &str, procs: &mut [&mut Proc]
 async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
     let worker_port = free_port();
     let worker_addr = format!("127.0.0.1:{worker_port}");
+    // The worker runs the single-threaded runtime, the gateway the multi-threaded one.
     let mut worker = Proc::spawn(
         "worker",
         &[
@@ -282,6 +289,8 @@ async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
             &worker_addr,
             "--models",
             "simple,accumulate",
+            "--worker-threads",
+            "1",
         ],
     );
     let client = client();

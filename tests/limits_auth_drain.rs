@@ -589,7 +589,9 @@ async fn sigterm_under_load_drops_no_request() {
     std::fs::write(
         &config,
         format!(
+            // One thread: the drain must work on the single-threaded runtime too.
             "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\ngrpc_listen = \"\"\n\
+             worker_threads = 1\n\
              [limits]\nshutdown_delay_ms = 1500\n\
              [[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{wp}\"\n",
             free_port()

@@ -61,6 +61,11 @@ pub struct ServerConfig {
     /// TLS on the v2 listener; absent means plain HTTP.
     #[serde(default)]
     pub tls: Option<ServerTls>,
+    /// Threads that serve requests; 0 means `TOKIO_WORKER_THREADS`, else one per core. With
+    /// 1 the process runs a single-threaded runtime, which skips the multi-threaded
+    /// scheduler's cross-thread bookkeeping on every wake-up.
+    #[serde(default)]
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -180,6 +185,7 @@ impl Default for ServerConfig {
             name: default_server_name(),
             triton_metrics: true,
             tls: None,
+            worker_threads: 0,
         }
     }
 }

@@ -14,7 +14,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             }
         )+};
     }
-    compare!(server: listen, metrics_listen, grpc_listen, log_level, log_format, triton_metrics, tls);
+    compare!(server: listen, metrics_listen, grpc_listen, log_level, log_format, triton_metrics, tls, worker_threads);
     compare!(limits: max_header_bytes, max_concurrent_requests, header_read_timeout_ms, shutdown_delay_ms, drain_timeout_ms);
     compare!(fleet: refresh_interval_ms, probe_timeout_ms, unhealthy_after_checks, connect_timeout_ms,
         pool_idle_timeout_ms, eject_after_failures, eject_base_ms, eject_max_ms,
