@@ -125,7 +125,9 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     match format {
-        LogFormat::Plain => builder.init(),
+        LogFormat::Plain => builder
+            .event_format(tensorgate::logformat::PlainFormat::default())
+            .init(),
         LogFormat::Json => builder.json().init(),
     }
     guard

@@ -1,12 +1,15 @@
-//! Logs in JSON format: every line is a JSON object, and each request has one access line
-//! with its method, path, model, status, backend, bytes and duration.
+//! Access logs, in JSON and in the plain format: each request has one access line with its
+//! method, path, model, status, backend, bytes and duration.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_access_logs() {
+const BODY: &str = r#"{"parameters":{"sequence_id":9,"sequence_start":true},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[3]}]}"#;
+
+/// Runs a gateway with `log_format`, sends it one `accumulate` request, stops it with
+/// SIGTERM and returns what it wrote to stderr.
+async fn log_of_one_request(log_format: &str) -> String {
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -15,13 +18,13 @@ async fn json_access_logs() {
             .port()
     };
     let (port, metrics) = (free(), free());
-    let dir = std::env::temp_dir().join(format!("tg-logs-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tg-logs-{log_format}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("tensorgate.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_format = \"json\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_format = \"{log_format}\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
         ),
     )
     .unwrap();
@@ -41,10 +44,9 @@ async fn json_access_logs() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let body = r#"{"parameters":{"sequence_id":9,"sequence_start":true},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[3]}]}"#;
     let r = reqwest::Client::new()
         .post(format!("{base}/v2/models/accumulate/infer"))
-        .body(body)
+        .body(BODY)
         .send()
         .await
         .unwrap();
@@ -63,6 +65,13 @@ async fn json_access_logs() {
         .unwrap()
         .read_to_string(&mut text)
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_access_logs() {
+    let text = log_of_one_request("json").await;
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -80,7 +89,37 @@ async fn json_access_logs() {
     assert_eq!(f["model"], "accumulate");
     assert_eq!(f["status"], 200);
     assert_eq!(f["backend"], "builtin");
-    assert_eq!(f["bytes_in"], body.len());
+    assert_eq!(f["bytes_in"], BODY.len());
     assert_eq!(f["sequence_id"], "9");
     assert!(f["duration_us"].as_u64().is_some() && f["bytes_out"].as_u64().unwrap() > 0);
+}
+
+/// The plain access line is written by tensorgate's own formatter (src/logformat.rs), in
+/// tracing-subscriber's layout: `TIMESTAMP  INFO tensorgate::access: name=value ...`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_access_logs() {
+    let text = log_of_one_request("plain").await;
+    let access: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" tensorgate::access: ") && l.contains("/accumulate/infer"))
+        .collect();
+    assert_eq!(access.len(), 1, "{text}");
+    let (timestamp, rest) = access[0].split_once(' ').unwrap();
+    assert_eq!(
+        timestamp.len(),
+        "2026-11-24T20:03:38.674332Z".len(),
+        "{timestamp}"
+    );
+    assert!(timestamp.ends_with('Z') && timestamp.as_bytes()[10] == b'T');
+    let expected_start = format!(
+        " INFO tensorgate::access: method=\"POST\" path=\"/v2/models/accumulate/infer\" \
+         protocol=\"rest\" model=\"accumulate\" status=200 backend=\"builtin\" bytes_in={} bytes_out=",
+        BODY.len()
+    );
+    assert!(rest.starts_with(&expected_start), "{rest}");
+    assert!(
+        rest.contains(" sequence_id=\"9\" traceparent=\"00-"),
+        "{rest}"
+    );
+    assert!(rest.ends_with(" error=\"-\""), "{rest}");
 }
