@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(
             e,
             [
-                "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`",
+                "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`, `worker_threads`",
                 "line 6: invalid type: string \"big\", expected usize",
                 "line 10: invalid type: integer `5`, expected a string",
                 "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
