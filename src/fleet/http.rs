@@ -46,10 +46,16 @@ pub fn new_client(
         .build(https)
 }
 
+/// Models whose infer URI is kept: the catalog's models, far fewer in practice.
+const MAX_CACHED_URIS: usize = 4096;
+
 pub struct HttpBackend {
     base: String,
     client: HttpClient,
     probe_timeout: Duration,
+    /// Each model's `/v2/models/{m}/infer` URI, parsed once: building and parsing it was a
+    /// tenth of the backend call's instructions for a small request.
+    infer_uris: dashmap::DashMap<String, http::Uri>,
 }
 
 impl HttpBackend {
@@ -58,7 +64,33 @@ impl HttpBackend {
             base: base.trim_end_matches('/').to_string(),
             client,
             probe_timeout,
+            infer_uris: dashmap::DashMap::new(),
         }
+    }
+
+    /// The infer URI of a model (and version: those are not cached, and rare).
+    fn infer_uri(&self, model: &str, version: Option<&str>) -> Result<http::Uri, BackendError> {
+        if version.is_none() {
+            if let Some(uri) = self.infer_uris.get(model) {
+                return Ok(uri.clone());
+            }
+        }
+        let path = match version {
+            Some(v) => format!(
+                "/v2/models/{}/versions/{}/infer",
+                path_segment(model),
+                path_segment(v)
+            ),
+            None => format!("/v2/models/{}/infer", path_segment(model)),
+        };
+        let uri: http::Uri = self
+            .uri(&path)
+            .parse()
+            .map_err(|e| BackendError::Failed(format!("{path} on {}: {e}", self.base)))?;
+        if version.is_none() && self.infer_uris.len() < MAX_CACHED_URIS {
+            self.infer_uris.insert(model.to_string(), uri.clone());
+        }
+        Ok(uri)
     }
 
     fn uri(&self, path: &str) -> String {
@@ -462,17 +494,10 @@ impl Backend for HttpBackend {
                     "an HTTP backend takes encoded requests".into(),
                 ));
             };
-            let path = match call.version {
-                Some(v) => format!(
-                    "/v2/models/{}/versions/{}/infer",
-                    path_segment(call.model),
-                    path_segment(v)
-                ),
-                None => format!("/v2/models/{}/infer", path_segment(call.model)),
-            };
+            let uri = self.infer_uri(call.model, call.version)?;
             let mut req = Request::builder()
                 .method(Method::POST)
-                .uri(self.uri(&path))
+                .uri(uri)
                 .header(header::CONTENT_TYPE, body.content_type);
             if let Some(n) = body.header_length {
                 req = req.header(HEADER_CONTENT_LENGTH, HeaderValue::from(n as u64));
@@ -532,6 +557,22 @@ mod tests {
             }
         });
         (format!("http://{addr}"), accepted)
+    }
+
+    #[tokio::test]
+    async fn infer_uris_are_encoded_and_cached_per_model() {
+        let tls = crate::tls::client_config(&Default::default()).unwrap();
+        let client = new_client(Duration::from_secs(1), Duration::from_secs(60), tls);
+        let backend = HttpBackend::new("http://127.0.0.1:9/", client, Duration::from_secs(5));
+        let uri = backend.infer_uri("a b/c", None).unwrap();
+        assert_eq!(uri, "http://127.0.0.1:9/v2/models/a%20b%2Fc/infer");
+        assert_eq!(backend.infer_uri("a b/c", None).unwrap(), uri);
+        assert_eq!(
+            backend.infer_uri("m", Some("2")).unwrap(),
+            "http://127.0.0.1:9/v2/models/m/versions/2/infer"
+        );
+        // Versions are not cached; each model once.
+        assert_eq!(backend.infer_uris.len(), 1);
     }
 
     #[tokio::test]
