@@ -57,6 +57,65 @@ impl<'a> Reader<'a> {
         Some(v)
     }
 
+    /// A string without escapes or control characters, read in place; anything else by
+    /// serde_json (a `StreamDeserializer` per value cost more than the value itself).
+    fn string(&mut self) -> Option<String> {
+        self.ws();
+        if self.s.get(self.pos) == Some(&b'"') {
+            let start = self.pos + 1;
+            let rest = &self.s[start..];
+            let end = memchr::memchr2(b'"', b'\\', rest)?;
+            if rest[end] == b'"' && rest[..end].iter().all(|&b| b >= 0x20) {
+                let text = std::str::from_utf8(&rest[..end]).ok()?;
+                self.pos = start + end + 1;
+                return Some(text.to_string());
+            }
+        }
+        self.value::<String>()
+    }
+
+    /// A shape of plain non-negative integers read in place (no sign, fraction, exponent or
+    /// leading zero, at most 19 digits); anything else by serde_json.
+    fn shape(&mut self) -> Option<Vec<serde_json::Number>> {
+        self.ws();
+        let start = self.pos;
+        if let Some(dims) = self.plain_dims() {
+            return Some(dims);
+        }
+        self.pos = start;
+        self.value::<Vec<serde_json::Number>>()
+    }
+
+    fn plain_dims(&mut self) -> Option<Vec<serde_json::Number>> {
+        self.eat(b'[')?;
+        let mut dims = Vec::new();
+        if self.eat(b']').is_some() {
+            return Some(dims);
+        }
+        loop {
+            self.ws();
+            let digits = self.s[self.pos..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let text = &self.s[self.pos..self.pos + digits];
+            if digits == 0 || digits > 19 || (digits > 1 && text[0] == b'0') {
+                return None;
+            }
+            let v = std::str::from_utf8(text).ok()?.parse::<u64>().ok()?;
+            self.pos += digits;
+            dims.push(serde_json::Number::from(v));
+            match self.peek()? {
+                b',' => self.pos += 1,
+                b']' => {
+                    self.pos += 1;
+                    return Some(dims);
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// Walks an object, calling `field` for each key; `field` must consume the value.
     fn object(&mut self, mut field: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
@@ -91,9 +150,9 @@ fn tensor<'a>(r: &mut Reader<'a>, limits: &Limits) -> Option<WireTensor<'a>> {
     let (mut name, mut datatype, mut shape, mut parameters, mut data) =
         (None, None, None, None, None);
     r.object(|r, k| match k {
-        b"name" => once(&mut name, r.value::<String>()),
-        b"datatype" => once(&mut datatype, r.value::<String>()),
-        b"shape" => once(&mut shape, r.value::<Vec<serde_json::Number>>()),
+        b"name" => once(&mut name, r.string()),
+        b"datatype" => once(&mut datatype, r.string()),
+        b"shape" => once(&mut shape, r.shape()),
         b"parameters" => once(&mut parameters, r.value()),
         b"data" => {
             if r.peek()? != b'[' {
@@ -211,8 +270,27 @@ mod tests {
             r#"{"inputs":[{"name":"U","datatype":"UINT8","shape":[3],"data":[1,3]}]}"#,
             r#"{"inputs":[{"name":"H","datatype":"FP16","shape":[1],"data":[0.5]}, {"name":"B","datatype":"BF16","shape":[1],"data":[2]}]}"#,
             r#"{"inputs":[]}"#,
+            // Names with escapes and non-ASCII, shapes with spaces, signs, fractions, large
+            // numbers: read in place or by serde, the same either way.
+            r#"{"inputs":[{"name":"A\u00e9\"q","datatype":"INT32","shape":[ 1 , 2 ],"data":[1,2]}]}"#,
+            r#"{"inputs":[{"name":"é","datatype":"INT32","shape":[-1],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[2.0],"data":[1,2]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[1e0],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[18446744073709551615],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[184467440737095516150],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[0],"data":[]}]}"#,
         ] {
             same_as_serde(json, true);
+        }
+        // Invalid JSON the in-place readers must not accept: serde words the error.
+        for json in [
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[01],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[1,],"data":[1]}]}"#,
+            r#"{"inputs":[{"name":"A","datatype":"INT32","shape":[+1],"data":[1]}]}"#,
+            "{\"inputs\":[{\"name\":\"a\tb\",\"datatype\":\"INT32\",\"shape\":[1],\"data\":[1]}]}",
+        ] {
+            same_as_serde(json, false);
         }
         // A bad element makes the fast path decline; serde's path words the error.
         same_as_serde(
