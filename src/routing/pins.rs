@@ -1,6 +1,7 @@
 //! The pin table: each live sequence's backend, from its first request until `sequence_end`
 //! or an idle timeout, so that live sequences never move when the fleet changes.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -46,6 +47,9 @@ const PIN_SHARDS: usize = 256;
 
 pub struct PinTable {
     pins: DashMap<PinKey, Pin>,
+    /// The number of pins, kept beside the map: `DashMap::len` read-locks every shard, and
+    /// the cap is checked on every new sequence.
+    count: AtomicUsize,
     cap: usize,
     idle: Duration,
 }
@@ -54,17 +58,18 @@ impl PinTable {
     pub fn new(cap: usize, idle: Duration) -> Self {
         PinTable {
             pins: DashMap::with_shard_amount(PIN_SHARDS),
+            count: AtomicUsize::new(0),
             cap,
             idle,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.pins.len()
+        self.count.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pins.is_empty()
+        self.len() == 0
     }
 
     /// The backend key a live sequence is pinned to; touching it keeps it alive.
@@ -77,8 +82,13 @@ impl PinTable {
         let mut pin = self.pins.get_mut(&key)?;
         if now.duration_since(pin.last_seen) >= self.idle {
             drop(pin);
-            self.pins
-                .remove_if(&key, |_, p| now.duration_since(p.last_seen) >= self.idle);
+            if self
+                .pins
+                .remove_if(&key, |_, p| now.duration_since(p.last_seen) >= self.idle)
+                .is_some()
+            {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
             return None;
         }
         pin.last_seen = now;
@@ -93,11 +103,11 @@ impl PinTable {
             model: model.to_string(),
             id: id.clone(),
         };
-        if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
+        if self.len() >= self.cap && !self.pins.contains_key(&key) {
             return false;
         }
         let now = Instant::now();
-        self.pins.insert(
+        let before = self.pins.insert(
             key,
             Pin {
                 backend: backend.to_string(),
@@ -106,6 +116,9 @@ impl PinTable {
                 refresh_after: now,
             },
         );
+        if before.is_none() {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
         true
     }
 
@@ -153,18 +166,26 @@ impl PinTable {
     }
 
     pub fn remove(&self, model: &str, id: &SequenceId) {
-        self.pins.remove(&PinKey {
+        let key = PinKey {
             model: model.to_string(),
             id: id.clone(),
-        });
+        };
+        if self.pins.remove(&key).is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Drops idle pins. It visits the whole table, so it runs on a blocking thread, every
     /// `sweep_interval`, never on a request's path.
     pub fn sweep_now(&self) {
         let now = Instant::now();
-        self.pins
-            .retain(|_, p| now.duration_since(p.last_seen) < self.idle);
+        let mut removed = 0;
+        self.pins.retain(|_, p| {
+            let keep = now.duration_since(p.last_seen) < self.idle;
+            removed += usize::from(!keep);
+            keep
+        });
+        self.count.fetch_sub(removed, Ordering::Relaxed);
     }
 
     /// A quarter of the idle timeout, within 100 ms and 60 s: a pin outlives its timeout
@@ -240,5 +261,25 @@ mod tests {
         t.sweep_now();
         assert_eq!(t.len(), 0);
         assert_eq!(t.sweep_interval(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_count_follows_every_way_in_and_out() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let (one, two) = (SequenceId::Uint(1), SequenceId::String("1".into()));
+        assert!(t.insert("m", &one, "a"));
+        // Re-pinning a live sequence replaces it; it is not a second pin.
+        assert!(t.insert("m", &one, "b"));
+        assert!(t.insert("m", &two, "a"));
+        assert_eq!(t.len(), 2);
+        t.remove("m", &one);
+        t.remove("m", &one);
+        assert_eq!(t.len(), 1);
+        t.remove("other", &two);
+        assert_eq!(t.len(), 1);
+        t.sweep_now();
+        assert_eq!(t.len(), 1);
+        t.remove("m", &two);
+        assert!(t.is_empty());
     }
 }
