@@ -12,6 +12,8 @@
 #       against the memory store, with a new id per request (a Redis round trip each) and with
 #       sequences of 20 requests; its Redis round trips per request come from its metrics.
 # Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
+# tensorgate runs with TOKIO_WORKER_THREADS=1, which selects its single-threaded runtime (as
+# `[server] worker_threads = 1` does).
 # Usage: [ROUNDS=3] bench/proxy_core.sh [SECONDS_PER_RUN]   (default 8)
 # Access logs stay as each proxy has them by default: on for tensorgate (info), off for nginx
 # only where noted; see the printed table.
