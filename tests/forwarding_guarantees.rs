@@ -102,7 +102,7 @@ async fn a_backend_error_after_the_request_arrived_is_not_retried() {
 
 fn closed_message(bad: &ScriptedBackend) -> String {
     format!(
-        "backend 'bad': {} closed the connection before answering: client error (SendRequest): connection closed before message completed",
+        "backend 'bad': {} closed the connection before answering: connection closed before message completed",
         bad.url
     )
 }

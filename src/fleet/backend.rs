@@ -4,9 +4,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use super::pool::BackendBody;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use hyper::body::Incoming;
 
 use crate::protocol::{
     EncodedBody, InferRequest, InferResponse, ModelMetadata, ServerMetadata, Tolerance,
@@ -83,7 +83,7 @@ pub enum Reply {
     Http {
         status: StatusCode,
         headers: HeaderMap,
-        body: Incoming,
+        body: BackendBody,
     },
 }
 

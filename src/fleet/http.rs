@@ -1,10 +1,12 @@
-//! A v2 server over HTTP: Triton, MLServer, KServe, or a `tensorgate worker`. Connections
-//! are pooled and kept alive by hyper-util's client.
+//! A v2 server over HTTP: Triton, MLServer, KServe, or a `tensorgate worker`. Inference
+//! goes over the backend's own pool of keep-alive HTTP/1 connections (`pool`); the
+//! control-plane calls over hyper-util's pooled client.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -15,6 +17,7 @@ use super::backend::{
     error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList,
     Payload, Reply, RepositoryAction,
 };
+use super::pool::{BackendBody, ConnPool, Connector, SendError};
 use crate::body::{full, Body, PartsBody};
 use crate::models::repository::{IndexEntry as RepoEntry, ModelState};
 use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
@@ -22,9 +25,17 @@ use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
 /// Metadata and error bodies larger than this are refused; they are never that large.
 const MAX_SMALL_BODY: usize = 16 << 20;
 
-pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
+/// What every HTTP backend connects with: hyper-util's client for the control plane, and
+/// the connector and pool settings of each backend's inference pool.
+#[derive(Clone)]
+pub struct HttpClient {
+    legacy: Client<Connector, Body>,
+    connector: Connector,
+    pool_idle_timeout: Duration,
+    max_idle: usize,
+}
 
-/// A pooled keep-alive client for http:// and https:// backends.
+/// Keep-alive clients for http:// and https:// backends.
 pub fn new_client(
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
@@ -40,10 +51,16 @@ pub fn new_client(
         .enable_http1()
         .wrap_connector(connector);
     let max_idle = if pool_idle_timeout.is_zero() { 0 } else { 1024 };
-    Client::builder(TokioExecutor::new())
+    let legacy = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle_timeout)
         .pool_max_idle_per_host(max_idle)
-        .build(https)
+        .build(https.clone());
+    HttpClient {
+        legacy,
+        connector: https,
+        pool_idle_timeout,
+        max_idle,
+    }
 }
 
 /// Models whose infer URI is kept: the catalog's models, far fewer in practice.
@@ -51,7 +68,10 @@ const MAX_CACHED_URIS: usize = 4096;
 
 pub struct HttpBackend {
     base: String,
-    client: HttpClient,
+    client: Client<Connector, Body>,
+    /// The inference connections; `None` only for a base URL that is not a URI, which the
+    /// config check refuses.
+    pool: Option<Arc<ConnPool>>,
     probe_timeout: Duration,
     /// Each model's `/v2/models/{m}/infer` URI, parsed once: building and parsing it was a
     /// tenth of the backend call's instructions for a small request.
@@ -60,9 +80,19 @@ pub struct HttpBackend {
 
 impl HttpBackend {
     pub fn new(base: &str, client: HttpClient, probe_timeout: Duration) -> Self {
+        let base = base.trim_end_matches('/').to_string();
+        let pool = ConnPool::new(
+            client.connector,
+            &base,
+            client.pool_idle_timeout,
+            client.max_idle,
+        )
+        .map_err(|e| tracing::warn!("{e}"))
+        .ok();
         HttpBackend {
-            base: base.trim_end_matches('/').to_string(),
-            client,
+            base,
+            client: client.legacy,
+            pool,
             probe_timeout,
             infer_uris: dashmap::DashMap::new(),
         }
@@ -121,6 +151,33 @@ impl HttpBackend {
                     source_chain(&e)
                 ))
             }
+        })
+    }
+
+    /// An inference request, over the backend's own connection pool.
+    async fn send_infer(&self, req: Request<Body>) -> Result<Response<BackendBody>, BackendError> {
+        let Some(pool) = &self.pool else {
+            return Err(BackendError::Failed(format!(
+                "backend url '{}' is not a valid URI",
+                self.base
+            )));
+        };
+        pool.send(req).await.map_err(|e| match e {
+            SendError::Connect(m) => {
+                BackendError::Connect(format!("cannot connect to {}: {m}", self.base))
+            }
+            SendError::Failed(e) if closed_before_answer(e.as_ref()) => {
+                BackendError::Reset(format!(
+                    "{} closed the connection before answering: {}",
+                    self.base,
+                    source_chain(e.as_ref())
+                ))
+            }
+            SendError::Failed(e) => BackendError::Failed(format!(
+                "request to {} failed: {}",
+                self.base,
+                source_chain(e.as_ref())
+            )),
         })
     }
 
@@ -324,8 +381,9 @@ impl Listed {
 /// Whether the connection ended before any byte of a response arrived: hyper's "connection
 /// closed before message completed", or a reset, abort or broken pipe underneath. The client
 /// call returns only once a response head arrived, so an error here means none did.
-fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+/// Whether `e`, or an error under it, says the connection closed before an answer.
+fn closed_before_answer(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
         if let Some(h) = c.downcast_ref::<hyper::Error>() {
             if h.is_incomplete_message() || h.is_canceled() {
@@ -508,7 +566,7 @@ impl Backend for HttpBackend {
             let req = req
                 .body(PartsBody::new(body.parts).boxed_unsync())
                 .map_err(|e| BackendError::Failed(e.to_string()))?;
-            let resp = self.send(req).await?;
+            let resp = self.send_infer(req).await?;
             let (parts, body) = resp.into_parts();
             Ok(Reply::Http {
                 status: parts.status,

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod discovery;
 pub mod health;
 pub mod http;
+pub mod pool;
 pub mod repository;
 
 use std::collections::HashMap;

@@ -69,7 +69,7 @@ pub enum Outcome {
         from_binary: bool,
     },
     /// The backend's answer to the client's original bytes, to go back as it is.
-    PassThrough(http::Response<hyper::body::Incoming>),
+    PassThrough(http::Response<crate::fleet::pool::BackendBody>),
 }
 
 /// Phase 1: finds the model, and labels the observation with it. The guard keeps
