@@ -23,8 +23,6 @@ pub trait Policy: Clone + Send + Sync + 'static {
     fn deny(&self, gw: &Gateway, path: &str, e: GatewayError) -> Response<Self::Body>;
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 /// One check a request passes before its handler: what it holds while it is handled (a
 /// concurrency permit), or why it is refused.
 pub trait Gate: Clone + Send + Sync + 'static {
@@ -108,14 +106,12 @@ pub struct Gated<S, G, P> {
 impl<S, ReqB, B, G, P> Service<Request<ReqB>> for Gated<S, G, P>
 where
     S: Service<Request<ReqB>, Response = Response<B>, Error = Infallible>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
     G: Gate,
     P: Policy<Body = B>,
 {
     type Response = Response<B>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<B>, Infallible>>;
+    type Future = GatedFuture<S::Future, G::Held, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -124,21 +120,51 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let path = req.uri().path();
         if self.layer.policy.exempt(path) {
-            return Box::pin(self.inner.call(req));
+            return GatedFuture::Passed {
+                answer: self.inner.call(req),
+                held: None,
+            };
         }
         match self.layer.gate.pass(&self.layer.gw, req.headers()) {
-            Ok(held) => {
-                let answer = self.inner.call(req);
-                Box::pin(async move {
-                    let r = answer.await;
-                    drop(held);
-                    r
-                })
+            Ok(held) => GatedFuture::Passed {
+                answer: self.inner.call(req),
+                held: Some(held),
+            },
+            Err(e) => GatedFuture::Denied {
+                denied: Some(self.layer.policy.deny(&self.layer.gw, path, e)),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer of a gated service: the inner service's, with what the gate handed out
+    /// (a permit) held until it is ready, or the refusal. A named future rather than a boxed
+    /// one: two allocations fewer per request.
+    #[project = GatedProj]
+    pub enum GatedFuture<F, H, B> {
+        Passed { #[pin] answer: F, held: Option<H> },
+        Denied { denied: Option<Response<B>> },
+    }
+}
+
+impl<F, H, B> Future for GatedFuture<F, H, B>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            GatedProj::Passed { answer, held } => {
+                let r = std::task::ready!(answer.poll(cx));
+                // Released as the answer is ready, not when the future is dropped later.
+                held.take();
+                Poll::Ready(r)
             }
-            Err(e) => {
-                let denied = self.layer.policy.deny(&self.layer.gw, path, e);
-                Box::pin(std::future::ready(Ok(denied)))
-            }
+            GatedProj::Denied { denied } => Poll::Ready(Ok(denied
+                .take()
+                .expect("a gated future is not polled after it is ready"))),
         }
     }
 }
