@@ -43,18 +43,26 @@ where
         {
             return self.full.format_event(ctx, writer, event);
         }
-        write_timestamp(&mut writer, SystemTime::now())?;
-        writer.write_str(level_padded(*meta.level()))?;
-        writer.write_str(meta.target())?;
-        writer.write_str(": ")?;
-        let mut fields = PlainFields {
-            writer: &mut writer,
-            first: true,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_char('\n')
+        // The line is built in a reused buffer and handed to the writer once: each of the
+        // writer's `write_str` calls goes through `dyn fmt::Write`, some forty per line.
+        LINE.with(|cell| {
+            // Taken only if a field's Debug logged in turn; then that line goes to `Full`.
+            let Ok(mut line) = cell.try_borrow_mut() else {
+                return self.full.format_event(ctx, writer, event);
+            };
+            line.clear();
+            write_timestamp(&mut *line, SystemTime::now())?;
+            line.push_str(level_padded(*meta.level()));
+            line.push_str(meta.target());
+            line.push_str(": ");
+            let mut fields = PlainFields {
+                line: &mut line,
+                first: true,
+            };
+            event.record(&mut fields);
+            line.push('\n');
+            writer.write_str(&line)
+        })
     }
 }
 
@@ -71,6 +79,8 @@ fn level_padded(level: Level) -> &'static str {
 }
 
 thread_local! {
+    /// The access line being built.
+    static LINE: RefCell<String> = const { RefCell::new(String::new()) };
     /// The last second formatted on this thread, and its `YYYY-MM-DDTHH:MM:SS.`.
     static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
 }
@@ -113,31 +123,28 @@ fn write_timestamp(w: &mut impl fmt::Write, now: SystemTime) -> fmt::Result {
 
 /// Fields as `Full`'s visitor writes them: `name=value` separated by spaces, strings in
 /// Rust's debug quoting, the message bare and first.
-struct PlainFields<'w, 'a> {
-    writer: &'w mut Writer<'a>,
+struct PlainFields<'l> {
+    line: &'l mut String,
     first: bool,
-    result: fmt::Result,
 }
 
-impl PlainFields<'_, '_> {
+impl PlainFields<'_> {
     /// The separator and `name=`, or `None` for a field `Full` leaves out.
     fn start(&mut self, field: &Field) -> Option<()> {
-        if self.result.is_err() || field.name().starts_with("log.") {
+        if field.name().starts_with("log.") {
             return None;
         }
-        let sep = if self.first { "" } else { " " };
+        if !self.first {
+            self.line.push(' ');
+        }
         self.first = false;
         let name = field.name();
         let name = name.strip_prefix("r#").unwrap_or(name);
-        self.result = if name == "message" {
-            self.writer.write_str(sep)
-        } else {
-            self.writer
-                .write_str(sep)
-                .and_then(|_| self.writer.write_str(name))
-                .and_then(|_| self.writer.write_char('='))
-        };
-        self.result.is_ok().then_some(())
+        if name != "message" {
+            self.line.push_str(name);
+            self.line.push('=');
+        }
+        Some(())
     }
 }
 
@@ -147,38 +154,38 @@ fn debug_is_plain(s: &str) -> bool {
         .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
 }
 
-impl Visit for PlainFields<'_, '_> {
+impl Visit for PlainFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if self.start(field).is_none() {
             return;
         }
-        self.result = if field.name() == "message" {
-            self.writer.write_str(value)
+        if field.name() == "message" {
+            self.line.push_str(value);
         } else if debug_is_plain(value) {
-            self.writer
-                .write_char('"')
-                .and_then(|_| self.writer.write_str(value))
-                .and_then(|_| self.writer.write_char('"'))
+            self.line.push('"');
+            self.line.push_str(value);
+            self.line.push('"');
         } else {
-            write!(self.writer, "{value:?}")
-        };
+            // Writing to a String cannot fail.
+            let _ = write!(self.line, "{value:?}");
+        }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         if self.start(field).is_some() {
-            self.result = self.writer.write_str(itoa::Buffer::new().format(value));
+            self.line.push_str(itoa::Buffer::new().format(value));
         }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
         if self.start(field).is_some() {
-            self.result = self.writer.write_str(itoa::Buffer::new().format(value));
+            self.line.push_str(itoa::Buffer::new().format(value));
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if self.start(field).is_some() {
-            self.result = write!(self.writer, "{value:?}");
+            let _ = write!(self.line, "{value:?}");
         }
     }
 }
@@ -272,6 +279,33 @@ mod tests {
             assert_eq!(ts.len(), "2026-11-24T20:03:38.674332Z".len(), "{line}");
             assert!(ts.ends_with('Z'), "{line}");
         }
+    }
+
+    /// A field whose Debug logs. tracing-core drops an event raised while its dispatcher is
+    /// busy on the same thread, so the buffer is never taken twice; were it, the inner line
+    /// would go to `Full` rather than panic.
+    struct Logs;
+
+    impl fmt::Debug for Logs {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            tracing::info!(target: "tensorgate::access", inner = 1u64);
+            f.write_str("logged")
+        }
+    }
+
+    #[test]
+    fn a_line_logged_while_one_is_built_does_not_disturb_it() {
+        let out = Buffer::default();
+        let sub = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(out.clone())
+            .event_format(PlainFormat::default())
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            tracing::info!(target: "tensorgate::access", outer = ?Logs, after = 2u64);
+        });
+        let lines = without_timestamps(&out.text());
+        assert_eq!(lines, [" INFO tensorgate::access: outer=logged after=2"]);
     }
 
     #[test]
