@@ -9,11 +9,6 @@ use tensorgate::config::{Config, LogFormat};
 use tensorgate::models::{builtin_names, DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS};
 use tensorgate::reload::Loader;
 
-// mimalloc's thread-local free lists: glibc's malloc and free were about 7% of the gateway's
-// CPU per small request.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "tensorgate",
