@@ -163,9 +163,11 @@ impl HttpBackend {
             )));
         };
         pool.send(req).await.map_err(|e| match e {
-            SendError::Connect(m) => {
-                BackendError::Connect(format!("cannot connect to {}: {m}", self.base))
-            }
+            SendError::Connect(e) => BackendError::Connect(format!(
+                "cannot connect to {}: {}",
+                self.base,
+                source_chain(e.as_ref())
+            )),
             SendError::Failed(e) if closed_before_answer(e.as_ref()) => {
                 BackendError::Reset(format!(
                     "{} closed the connection before answering: {}",

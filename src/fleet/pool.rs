@@ -31,7 +31,7 @@ pub type Connector = HttpsConnector<HttpConnector>;
 #[derive(Debug)]
 pub enum SendError {
     /// No connection could be made: nothing reached the backend.
-    Connect(String),
+    Connect(Box<dyn StdError + Send + Sync>),
     /// The request was sent (or may have been), and the connection failed before an answer.
     Failed(Box<dyn StdError + Send + Sync>),
 }
@@ -143,11 +143,11 @@ impl ConnPool {
             .clone()
             .oneshot(self.base.clone())
             .await
-            .map_err(|e| SendError::Connect(chain(e.as_ref())))?;
+            .map_err(SendError::Connect)?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(io)
             .await
-            .map_err(|e| SendError::Connect(chain(&e)))?;
+            .map_err(|e| SendError::Connect(Box::new(e)))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "backend connection ended");
@@ -218,20 +218,6 @@ fn host_header(scheme: Option<&Scheme>, authority: &Authority) -> String {
         Some(p) if p != default_port => authority.as_str().to_string(),
         _ => authority.host().to_string(),
     }
-}
-
-fn chain(e: &(dyn StdError + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// A backend's answer body; its connection goes back to the pool when the body has been
@@ -421,6 +407,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn with_no_idle_connections_allowed_none_is_kept() {
+        // fleet.pool_idle_timeout_ms = 0 gives max_idle 0.
+        let (url, accepted) = server(usize::MAX).await;
+        let pool = ConnPool::new(connector(), &url, Duration::ZERO, 0).unwrap();
+        for path in ["/a", "/b"] {
+            let resp = pool.send(get(path)).await.unwrap();
+            resp.into_body().collect().await.unwrap();
+            assert_eq!(pool.idle_len(), 0);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn no_backend_is_a_connect_error() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -435,7 +434,20 @@ mod tests {
         )
         .unwrap();
         match pool.send(get("/a")).await {
-            Err(SendError::Connect(m)) => assert!(m.contains("onnect"), "{m}"),
+            Err(SendError::Connect(e)) => {
+                let e: &(dyn StdError + 'static) = e.as_ref();
+                let mut io = None;
+                let mut cur = Some(e);
+                while let Some(c) = cur {
+                    io = io.or(c.downcast_ref::<std::io::Error>());
+                    cur = c.source();
+                }
+                assert_eq!(
+                    io.map(std::io::Error::kind),
+                    Some(std::io::ErrorKind::ConnectionRefused),
+                    "{e:?}"
+                );
+            }
             Err(other) => panic!("{other:?}"),
             Ok(resp) => panic!("answered {}", resp.status()),
         }
