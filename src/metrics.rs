@@ -265,13 +265,13 @@ impl Metrics {
             pin_store_operations: counter(
                 &r,
                 "tensorgate_pin_store_operations_total",
-                "Round trips to the shared pin store (fleet.pins.store = \"redis\"), by operation",
+                "Round trips to the shared pin store (fleet.pins.store = \"redis\"), by operation: claim (one script call per batch of the get-or-claims of requests and TTL renewals), put, remove",
                 &["op"],
             ),
             pin_store_errors: counter(
                 &r,
                 "tensorgate_pin_store_errors_total",
-                "Pin store operations that failed or timed out; the request was routed by the hash table instead",
+                "Pin store operations that failed or timed out, one per request or renewal concerned (claim, refresh, put, remove); each such request was routed by the hash table instead",
                 &["op"],
             ),
             pin_store_up: reg(

@@ -558,3 +558,98 @@ async fn tls_and_a_password_reach_redis() {
     gw.shutdown().await;
     gw2.shutdown().await;
 }
+
+/// Claims that wait together go to Redis together: one script call answers 120 of them,
+/// each with its own key's holder. A key claimed twice in the batch gets the first claim's
+/// backend both times, and a key another replica holds keeps its holder.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_claims_share_one_round_trip() {
+    use tensorgate::config::{PinStoreKind, PinsConfig};
+    use tensorgate::pinstore::PinStore;
+    use tensorgate::routing::pins::PinTable;
+
+    let redis = Redis::start().await;
+    let idle = Duration::from_secs(60);
+    let metrics = tensorgate::metrics::Metrics::new(false);
+    let config = PinsConfig {
+        store: PinStoreKind::Redis,
+        url: Some(redis.url()),
+        ..PinsConfig::default()
+    };
+    let store = PinStore::from_config(&config, idle, &metrics)
+        .unwrap()
+        .expect("a Redis store");
+    let table = PinTable::new(1000, idle);
+    // Ids 0..20 are held elsewhere already; then the connection is warm, so that the batch
+    // below is the only round trip counted.
+    {
+        let mut c = redis.client().get_connection().unwrap();
+        for id in 0..20u64 {
+            let key = tensorgate::pinstore::pin_key(PREFIX, "m", &SequenceId::Uint(id));
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("http://elsewhere")
+                .query(&mut c)
+                .unwrap();
+        }
+    }
+    let warm = store
+        .claim(&table, "m", &SequenceId::Uint(1000), "http://a")
+        .await;
+    assert_eq!(warm, None, "a free key is claimed for the chosen backend");
+    let trips = || {
+        metrics
+            .pin_store_operations
+            .with_label_values(&["claim"])
+            .get()
+    };
+    let before = trips();
+
+    // 60 ids, each claimed twice (for "a", then for "b"), all started in one poll.
+    let ids: Vec<(SequenceId, &str)> = (0..60u64)
+        .flat_map(|id| {
+            [
+                (SequenceId::Uint(id), "http://a"),
+                (SequenceId::Uint(id), "http://b"),
+            ]
+        })
+        .collect();
+    let answers = futures_util::future::join_all(
+        ids.iter()
+            .map(|(id, chosen)| store.claim(&table, "m", id, chosen)),
+    )
+    .await;
+    assert_eq!(trips() - before, 1, "120 waiting claims, one round trip");
+    for ((id, chosen), answer) in ids.iter().zip(&answers) {
+        let SequenceId::Uint(n) = id else {
+            unreachable!()
+        };
+        let expected = if *n < 20 {
+            Some("http://elsewhere")
+        } else if *chosen == "http://a" {
+            None
+        } else {
+            Some("http://a")
+        };
+        assert_eq!(
+            answer.as_deref(),
+            expected,
+            "sequence {n} claimed for {chosen}"
+        );
+        let holder = if *n < 20 {
+            "http://elsewhere"
+        } else {
+            "http://a"
+        };
+        let key = tensorgate::pinstore::pin_key(PREFIX, "m", id);
+        assert_eq!(redis.get(&key).as_deref(), Some(holder));
+        assert!(
+            (1..=60_000).contains(&redis.pttl(&key)),
+            "{key} has the idle TTL"
+        );
+    }
+    assert_eq!(
+        metrics.pin_store_errors.with_label_values(&["claim"]).get(),
+        0
+    );
+}

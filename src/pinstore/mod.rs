@@ -3,8 +3,9 @@
 //! or one that just restarted, still send a sequence where its state is.
 //!
 //! The router's own pin table stays in front as a cache. The store is consulted:
-//! - before routing a sequence request this replica holds no fresh pin for: one round trip
-//!   that returns the stored backend or claims the one the hash chose (`claim`);
+//! - before routing a sequence request this replica holds no fresh pin for: a get-or-claim
+//!   that returns the stored backend or claims the one the hash chose (`claim`), batched
+//!   with the other claims in flight into one round trip (`claims`);
 //! - after a start is served (the start decides, whatever an older sequence with the same
 //!   id left), after a past owner served a sequence the hash had moved, and at its end;
 //! - in the background, about four times per TTL while a sequence is in use, to renew its
@@ -14,6 +15,7 @@
 //! request is routed as without a store (the hash table, the past owners, the local pins),
 //! and the store is left alone for a second before it is tried again.
 
+mod claims;
 mod redis_pins;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,7 +60,9 @@ impl Op {
 
 /// Counter handles resolved once: the request path does no label lookups.
 struct OpMetrics {
-    calls: IntCounter,
+    /// Round trips of this operation; `None` for claims and renewals, whose round trips the
+    /// batcher counts (as "claim"), one per batch.
+    calls: Option<IntCounter>,
     errors: IntCounter,
 }
 
@@ -99,14 +103,22 @@ impl PinStore {
             None => None,
         };
         let timeout = Duration::from_millis(pins.timeout_ms.max(1));
+        let round_trips = |op: Op| metrics.pin_store_operations.with_label_values(&[op.name()]);
         let store = PinStore {
-            redis: redis_pins::RedisPins::new(&url, ca, &pins.key_prefix, idle, timeout)?,
+            redis: redis_pins::RedisPins::new(
+                &url,
+                ca,
+                &pins.key_prefix,
+                idle,
+                timeout,
+                round_trips(Op::Claim),
+            )?,
             url: redact(&url),
             ttl: idle,
             timeout,
             refresh_every: (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30)),
             ops: Op::ALL.map(|op| OpMetrics {
-                calls: metrics.pin_store_operations.with_label_values(&[op.name()]),
+                calls: matches!(op, Op::Put | Op::Remove).then(|| round_trips(op)),
                 errors: metrics.pin_store_errors.with_label_values(&[op.name()]),
             }),
             up: metrics.pin_store_up.clone(),
@@ -156,7 +168,7 @@ impl PinStore {
         chosen: &str,
     ) -> Option<String> {
         let key = self.redis.key(model, id);
-        let holder = self.run(Op::Claim, self.redis.claim(&key, chosen)).await?;
+        let holder = self.run(Op::Claim, self.redis.claim(key, chosen)).await?;
         pins.confirm(model, id, &holder);
         (holder != chosen).then_some(holder)
     }
@@ -200,7 +212,7 @@ impl PinStore {
         tokio::spawn(async move {
             let key = store.redis.key(&model, &id);
             let Some(holder) = store
-                .run(Op::Refresh, store.redis.claim(&key, &backend))
+                .run(Op::Refresh, store.redis.claim(key, &backend))
                 .await
             else {
                 return;
@@ -220,17 +232,19 @@ impl PinStore {
 
     /// Runs one operation within the timeout, unless the store failed less than `BACKOFF`
     /// ago. `None` means no answer, for whatever reason; the caller routes without one.
-    async fn run<T>(
+    async fn run<T, E: std::fmt::Display>(
         &self,
         op: Op,
-        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+        call: impl std::future::Future<Output = Result<T, E>>,
     ) -> Option<T> {
         let now = self.now_ms();
         if now < self.skip_until.load(Ordering::Relaxed) {
             return None;
         }
         let m = &self.ops[op as usize];
-        m.calls.inc();
+        if let Some(calls) = &m.calls {
+            calls.inc();
+        }
         let error = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => {
                 self.up.set(1);

@@ -3,29 +3,19 @@
 
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script};
+use redis::Client;
 
 use crate::config::redis_url::redact;
 
 use crate::protocol::SequenceId;
 
-/// Get-or-claim in one round trip: the holder of the key if there is one (its TTL renewed,
-/// since a request uses it), else ARGV[1], stored with the TTL. Redis runs a script
-/// atomically, so two replicas that claim at once agree on the first.
-const CLAIM: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return holder
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return ARGV[1]
-";
+use super::claims::Claims;
 
 pub struct RedisPins {
     conn: ConnectionManager,
-    claim: Script,
+    claims: Claims,
     prefix: String,
     ttl_ms: u64,
 }
@@ -33,13 +23,15 @@ pub struct RedisPins {
 impl RedisPins {
     /// Connects lazily: a Redis that is down at startup delays nothing, and the manager
     /// reconnects by itself after a connection breaks.
-    /// `ca`: a PEM bundle that replaces the usual roots for `rediss://`.
+    /// `ca`: a PEM bundle that replaces the usual roots for `rediss://`. `claim_trips` counts
+    /// the script calls that carry claims, one per batch.
     pub fn new(
         url: &str,
         ca: Option<Vec<u8>>,
         prefix: &str,
         ttl: Duration,
         timeout: Duration,
+        claim_trips: IntCounter,
     ) -> Result<Self, String> {
         let client = match ca {
             Some(pem) => Client::build_with_tls(
@@ -61,11 +53,12 @@ impl RedisPins {
             .set_max_delay(timeout);
         let conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| format!("{}: {e}", redact(url)))?;
+        let ttl_ms = ttl.as_millis().max(1) as u64;
         Ok(RedisPins {
+            claims: Claims::new(conn.clone(), ttl_ms, claim_trips),
             conn,
-            claim: Script::new(CLAIM),
             prefix: prefix.to_string(),
-            ttl_ms: ttl.as_millis().max(1) as u64,
+            ttl_ms,
         })
     }
 
@@ -73,15 +66,10 @@ impl RedisPins {
         pin_key(&self.prefix, model, id)
     }
 
-    /// The sequence's backend: the one already stored, or `backend`, stored now.
-    pub async fn claim(&self, key: &str, backend: &str) -> redis::RedisResult<String> {
-        let mut conn = self.conn.clone();
-        self.claim
-            .key(key)
-            .arg(backend)
-            .arg(self.ttl_ms)
-            .invoke_async(&mut conn)
-            .await
+    /// The sequence's backend: the one already stored (its TTL renewed), or `backend`,
+    /// stored now. Batched with the claims of other requests (see `claims`).
+    pub async fn claim(&self, key: String, backend: &str) -> Result<String, String> {
+        self.claims.claim(key, backend.to_string()).await
     }
 
     /// Stores `backend` whatever was there: a start begins a new sequence, and a past owner
