@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::json_data;
-use super::wire::{WireData, WireRequest, WireTensor};
+use super::wire::{WireData, WireRequest, WireShape, WireTensor};
 use crate::protocol::datatype::DataType;
 use crate::protocol::error::{ProtocolError, Result, Role};
 use crate::protocol::limits::Limits;
@@ -209,7 +209,11 @@ fn check_unique<'a>(names: impl Iterator<Item = &'a str>, role: Role) -> Result<
     Ok(())
 }
 
-fn parse_shape(raw: &[serde_json::Number]) -> Result<Vec<u64>> {
+fn parse_shape(shape: WireShape) -> Result<Vec<u64>> {
+    let raw = match shape {
+        WireShape::Dims(dims) => return Ok(dims),
+        WireShape::Numbers(raw) => raw,
+    };
     raw.iter()
         .map(|n| {
             if let Some(u) = n.as_u64() {
@@ -217,12 +221,12 @@ fn parse_shape(raw: &[serde_json::Number]) -> Result<Vec<u64>> {
             } else if n.as_i64().is_some() {
                 Err(ProtocolError::invalid(format!(
                     "shape {} has a negative dimension {n}",
-                    format_shape(raw)
+                    format_shape(&raw)
                 )))
             } else {
                 Err(ProtocolError::invalid(format!(
                     "shape {} has a dimension {n} that is not an unsigned 64-bit integer",
-                    format_shape(raw)
+                    format_shape(&raw)
                 )))
             }
         })
@@ -258,15 +262,17 @@ pub(crate) fn check_binary(dt: DataType, shape: &[u64], count: u64, data: &[u8])
 
 /// `tolerated` is `Some` for a backend's response only: then `null` in a float tensor's data
 /// reads as NaN, and is noted there.
+/// A tensor's datatype, shape, parameters and data; the caller adds the name, which it keeps
+/// to word any error.
 fn build_tensor(
     w: WireTensor<'_>,
     cursor: &mut BinaryCursor,
     limits: &Limits,
     tolerated: Option<&mut Tolerated>,
-) -> Result<Tensor> {
+) -> Result<(DataType, Vec<u64>, Parameters, Bytes)> {
     let datatype = DataType::parse(&w.datatype)
         .ok_or_else(|| ProtocolError::invalid(format!("unknown datatype '{}'", w.datatype)))?;
-    let shape = parse_shape(&w.shape)?;
+    let shape = parse_shape(w.shape)?;
     let count = checked_element_count(&shape, limits.max_tensor_elements)?;
     let mut parameters = w.parameters;
     let binary_size = parameters.get_uint("binary_data_size")?;
@@ -328,13 +334,7 @@ fn build_tensor(
             chunk
         }
     };
-    Ok(Tensor {
-        name: w.name,
-        datatype,
-        shape,
-        parameters,
-        data,
-    })
+    Ok((datatype, shape, parameters, data))
 }
 
 fn build_tensors(
@@ -347,11 +347,18 @@ fn build_tensors(
     check_unique(wire.iter().map(|t| t.name.as_str()), role)?;
     let mut cursor = BinaryCursor { rest: binary };
     let mut out = Vec::with_capacity(wire.len());
-    for w in wire {
-        let name = w.name.clone();
-        let tensor = build_tensor(w, &mut cursor, limits, tolerated.as_deref_mut())
-            .map_err(|e| e.in_tensor(role, &name))?;
-        out.push(tensor);
+    for mut w in wire {
+        let name = std::mem::take(&mut w.name);
+        match build_tensor(w, &mut cursor, limits, tolerated.as_deref_mut()) {
+            Ok((datatype, shape, parameters, data)) => out.push(Tensor {
+                name,
+                datatype,
+                shape,
+                parameters,
+                data,
+            }),
+            Err(e) => return Err(e.in_tensor(role, &name)),
+        }
     }
     cursor.finish(role)?;
     Ok(out)

@@ -5,11 +5,13 @@
 //! first (the usual order). Anything unusual returns `None`: the serde path then decodes the
 //! request, or words the error, exactly as before.
 
+use std::borrow::Cow;
+
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::json_data;
-use super::wire::{WireData, WireRequest, WireTensor};
+use super::wire::{WireData, WireRequest, WireShape, WireTensor};
 use crate::protocol::datatype::DataType;
 use crate::protocol::limits::Limits;
 
@@ -57,9 +59,9 @@ impl<'a> Reader<'a> {
         Some(v)
     }
 
-    /// A string without escapes or control characters, read in place; anything else by
+    /// A string without escapes or control characters, borrowed in place; anything else by
     /// serde_json (a `StreamDeserializer` per value cost more than the value itself).
-    fn string(&mut self) -> Option<String> {
+    fn str_ref(&mut self) -> Option<Cow<'a, str>> {
         self.ws();
         if self.s.get(self.pos) == Some(&b'"') {
             let start = self.pos + 1;
@@ -68,25 +70,25 @@ impl<'a> Reader<'a> {
             if rest[end] == b'"' && rest[..end].iter().all(|&b| b >= 0x20) {
                 let text = std::str::from_utf8(&rest[..end]).ok()?;
                 self.pos = start + end + 1;
-                return Some(text.to_string());
+                return Some(Cow::Borrowed(text));
             }
         }
-        self.value::<String>()
+        self.value::<String>().map(Cow::Owned)
     }
 
     /// A shape of plain non-negative integers read in place (no sign, fraction, exponent or
     /// leading zero, at most 19 digits); anything else by serde_json.
-    fn shape(&mut self) -> Option<Vec<serde_json::Number>> {
+    fn shape(&mut self) -> Option<WireShape> {
         self.ws();
         let start = self.pos;
         if let Some(dims) = self.plain_dims() {
-            return Some(dims);
+            return Some(WireShape::Dims(dims));
         }
         self.pos = start;
-        self.value::<Vec<serde_json::Number>>()
+        self.value().map(WireShape::Numbers)
     }
 
-    fn plain_dims(&mut self) -> Option<Vec<serde_json::Number>> {
+    fn plain_dims(&mut self) -> Option<Vec<u64>> {
         self.eat(b'[')?;
         let mut dims = Vec::new();
         if self.eat(b']').is_some() {
@@ -104,7 +106,7 @@ impl<'a> Reader<'a> {
             }
             let v = std::str::from_utf8(text).ok()?.parse::<u64>().ok()?;
             self.pos += digits;
-            dims.push(serde_json::Number::from(v));
+            dims.push(v);
             match self.peek()? {
                 b',' => self.pos += 1,
                 b']' => {
@@ -150,8 +152,8 @@ fn tensor<'a>(r: &mut Reader<'a>, limits: &Limits) -> Option<WireTensor<'a>> {
     let (mut name, mut datatype, mut shape, mut parameters, mut data) =
         (None, None, None, None, None);
     r.object(|r, k| match k {
-        b"name" => once(&mut name, r.string()),
-        b"datatype" => once(&mut datatype, r.string()),
+        b"name" => once(&mut name, r.str_ref().map(Cow::into_owned)),
+        b"datatype" => once(&mut datatype, r.str_ref()),
         b"shape" => once(&mut shape, r.shape()),
         b"parameters" => once(&mut parameters, r.value()),
         b"data" => {
@@ -162,12 +164,16 @@ fn tensor<'a>(r: &mut Reader<'a>, limits: &Limits) -> Option<WireTensor<'a>> {
             let dt = datatype.as_deref().and_then(DataType::parse);
             let (wire, len) = match dt {
                 Some(dt) => {
-                    let expected = shape
-                        .as_ref()
-                        .and_then(|s: &Vec<serde_json::Number>| {
-                            s.iter().try_fold(1u64, |a, d| a.checked_mul(d.as_u64()?))
-                        })
-                        .unwrap_or(0);
+                    let expected = match &shape {
+                        Some(WireShape::Dims(dims)) => {
+                            dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+                        }
+                        Some(WireShape::Numbers(dims)) => dims
+                            .iter()
+                            .try_fold(1u64, |a, d| a.checked_mul(d.as_u64()?)),
+                        None => None,
+                    }
+                    .unwrap_or(0);
                     let (bytes, n, len) =
                         json_data::parse_data_prefix(text, dt, limits.max_json_depth, expected)
                             .ok()?;

@@ -2,6 +2,8 @@
 //! (`decode`) and the single-pass one (`fast_request`), so that neither depends on the other
 //! for its types. `data` stays raw text here; `json_data` converts it.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -10,12 +12,27 @@ use crate::protocol::params::Parameters;
 #[derive(Deserialize)]
 pub(crate) struct WireTensor<'a> {
     pub(crate) name: String,
-    pub(crate) datatype: String,
-    pub(crate) shape: Vec<serde_json::Number>,
+    /// Borrowed from the body unless it has escapes: only its `DataType` outlives decoding.
+    #[serde(borrow)]
+    pub(crate) datatype: Cow<'a, str>,
+    pub(crate) shape: WireShape,
     #[serde(default)]
     pub(crate) parameters: Parameters,
     #[serde(borrow, default)]
     pub(crate) data: Option<WireData<'a>>,
+}
+
+/// A tensor's `shape`: JSON numbers as serde reads them (checked when the tensor is built),
+/// or dimensions the fast path already read as plain unsigned integers.
+pub(crate) enum WireShape {
+    Numbers(Vec<serde_json::Number>),
+    Dims(Vec<u64>),
+}
+
+impl<'de> Deserialize<'de> for WireShape {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Ok(WireShape::Numbers(Deserialize::deserialize(d)?))
+    }
 }
 
 /// A tensor's JSON `data`: its text, or already converted by the fast path.
