@@ -184,12 +184,12 @@ impl PinStore {
         moved: bool,
     ) {
         let Some(id) = &opts.sequence_id else { return };
-        let key = self.redis.key(model, id);
         if opts.sequence_end {
+            let key = self.redis.key(model, id);
             self.run(Op::Remove, self.redis.remove(&key)).await;
         } else if (opts.sequence_start || moved)
             && self
-                .run(Op::Put, self.redis.put(&key, backend))
+                .run(Op::Put, self.redis.put(&self.redis.key(model, id), backend))
                 .await
                 .is_some()
         {

@@ -1,6 +1,8 @@
 //! The pin table: each live sequence's backend, from its first request until `sequence_end`
 //! or an idle timeout, so that live sequences never move when the fleet changes.
 
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -8,10 +10,55 @@ use dashmap::DashMap;
 
 use crate::protocol::SequenceId;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct PinKey {
     model: String,
     id: SequenceId,
+}
+
+/// A key as lookups see it: the map is searched with the request's own model and id,
+/// borrowed, instead of an owned key built (one or two allocations) for every lookup.
+trait KeyParts {
+    fn parts(&self) -> (&str, &SequenceId);
+}
+
+impl KeyParts for PinKey {
+    fn parts(&self) -> (&str, &SequenceId) {
+        (&self.model, &self.id)
+    }
+}
+
+impl KeyParts for (&str, &SequenceId) {
+    fn parts(&self) -> (&str, &SequenceId) {
+        (self.0, self.1)
+    }
+}
+
+// A stored key and a borrowed one hash and compare by the same parts, as `Borrow` requires.
+impl Hash for PinKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.parts().hash(state)
+    }
+}
+
+impl Hash for dyn KeyParts + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.parts().hash(state)
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl<'a> Borrow<dyn KeyParts + 'a> for PinKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
 }
 
 struct Pin {
@@ -74,17 +121,15 @@ impl PinTable {
 
     /// The backend key a live sequence is pinned to; touching it keeps it alive.
     pub fn get(&self, model: &str, id: &SequenceId) -> Option<String> {
-        let key = PinKey {
-            model: model.to_string(),
-            id: id.clone(),
-        };
+        let key = (model, id);
+        let key = &key as &dyn KeyParts;
         let now = Instant::now();
-        let mut pin = self.pins.get_mut(&key)?;
+        let mut pin = self.pins.get_mut(key)?;
         if now.duration_since(pin.last_seen) >= self.idle {
             drop(pin);
             if self
                 .pins
-                .remove_if(&key, |_, p| now.duration_since(p.last_seen) >= self.idle)
+                .remove_if(key, |_, p| now.duration_since(p.last_seen) >= self.idle)
                 .is_some()
             {
                 self.count.fetch_sub(1, Ordering::Relaxed);
@@ -99,13 +144,13 @@ impl PinTable {
     /// the hash alone. A full table is not swept here: with every pin live, each new sequence
     /// would scan the whole table on a request's path. The periodic sweep makes room.
     pub fn insert(&self, model: &str, id: &SequenceId, backend: &str) -> bool {
+        if self.len() >= self.cap && !self.pins.contains_key(&(model, id) as &dyn KeyParts) {
+            return false;
+        }
         let key = PinKey {
             model: model.to_string(),
             id: id.clone(),
         };
-        if self.len() >= self.cap && !self.pins.contains_key(&key) {
-            return false;
-        }
         let now = Instant::now();
         let before = self.pins.insert(
             key,
@@ -131,11 +176,7 @@ impl PinTable {
         ttl: Duration,
         refresh_every: Duration,
     ) -> Cached {
-        let key = PinKey {
-            model: model.to_string(),
-            id: id.clone(),
-        };
-        let Some(mut pin) = self.pins.get_mut(&key) else {
+        let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) else {
             return Cached::Absent;
         };
         let now = Instant::now();
@@ -153,11 +194,7 @@ impl PinTable {
     /// Records that the shared store holds `backend` for a sequence pinned here (after
     /// reading it there, or writing it). A pin that ended meanwhile stays ended.
     pub fn confirm(&self, model: &str, id: &SequenceId, backend: &str) {
-        let key = PinKey {
-            model: model.to_string(),
-            id: id.clone(),
-        };
-        if let Some(mut pin) = self.pins.get_mut(&key) {
+        if let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) {
             if pin.backend != backend {
                 pin.backend = backend.to_string();
             }
@@ -166,11 +203,7 @@ impl PinTable {
     }
 
     pub fn remove(&self, model: &str, id: &SequenceId) {
-        let key = PinKey {
-            model: model.to_string(),
-            id: id.clone(),
-        };
-        if self.pins.remove(&key).is_some() {
+        if self.pins.remove(&(model, id) as &dyn KeyParts).is_some() {
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
     }
