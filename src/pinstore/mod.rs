@@ -217,7 +217,7 @@ impl PinStore {
             else {
                 return;
             };
-            if holder != backend {
+            if *holder != *backend {
                 tracing::warn!(
                     model = %model,
                     sequence = %crate::routing::describe_sequence(&id),

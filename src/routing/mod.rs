@@ -154,7 +154,7 @@ impl Router {
         if !opts.sequence_start {
             if let Some(pinned) = self.pins.get(model, id) {
                 // A pinned sequence goes to its backend or nowhere: its state lives there.
-                return match entry.ready.iter().find(|h| h.key() == pinned) {
+                return match entry.ready.iter().find(|h| h.key() == &*pinned) {
                     Some(h) => {
                         if opts.sequence_end {
                             self.pins.remove(model, id);

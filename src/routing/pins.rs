@@ -2,17 +2,23 @@
 //! or an idle timeout, so that live sequences never move when the fleet changes.
 
 use std::borrow::Borrow;
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
 use crate::protocol::SequenceId;
 
+/// A pin costs its entry and nothing on the heap for a numeric id: the model's name and the
+/// backend's key are shared with every other pin that names them (`Names`), and its times
+/// are milliseconds on the table's clock. The table holds up to `fleet.max_sequences` pins
+/// (a million by default), so each byte here is a megabyte there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PinKey {
-    model: String,
+    model: Arc<str>,
     id: SequenceId,
 }
 
@@ -62,13 +68,48 @@ impl<'a> Borrow<dyn KeyParts + 'a> for PinKey {
 }
 
 struct Pin {
-    backend: String,
-    last_seen: Instant,
+    backend: Arc<str>,
+    /// Milliseconds on the table's clock (`PinTable::now`).
+    last_seen: u64,
     /// When a shared store last held this pin (set, read or refreshed there), or when it was
     /// made here. Unused without a shared store.
-    confirmed: Instant,
-    /// No refresh of this pin is started before this instant: one at a time.
-    refresh_after: Instant,
+    confirmed: u64,
+    /// No refresh of this pin is started before this time: one at a time.
+    refresh_after: u64,
+}
+
+/// Model names and backend keys, each stored once for all the pins that use it. Names no pin
+/// uses any more are dropped by the sweep.
+#[derive(Default)]
+struct Names(RwLock<HashSet<Arc<str>>>);
+
+impl Names {
+    fn get(&self, name: &str) -> Arc<str> {
+        // The set is only ever left whole, so a panic elsewhere under its lock cannot have
+        // broken it.
+        if let Some(n) = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+        {
+            return n.clone();
+        }
+        let mut names = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = names.get(name) {
+            return n.clone();
+        }
+        let n: Arc<str> = Arc::from(name);
+        names.insert(n.clone());
+        n
+    }
+
+    fn prune(&self) {
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|n| Arc::strong_count(n) > 1);
+    }
 }
 
 /// A pin as the cache of a shared store sees it (`crate::pinstore`).
@@ -94,6 +135,8 @@ const PIN_SHARDS: usize = 256;
 
 pub struct PinTable {
     pins: DashMap<PinKey, Pin>,
+    names: Names,
+    epoch: Instant,
     /// The number of pins, kept beside the map: `DashMap::len` read-locks every shard, and
     /// the cap is checked on every new sequence.
     count: AtomicUsize,
@@ -105,10 +148,20 @@ impl PinTable {
     pub fn new(cap: usize, idle: Duration) -> Self {
         PinTable {
             pins: DashMap::with_shard_amount(PIN_SHARDS),
+            names: Names::default(),
+            epoch: Instant::now(),
             count: AtomicUsize::new(0),
             cap,
             idle,
         }
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn idle_ms(&self) -> u64 {
+        self.idle.as_millis() as u64
     }
 
     pub fn len(&self) -> usize {
@@ -120,16 +173,16 @@ impl PinTable {
     }
 
     /// The backend key a live sequence is pinned to; touching it keeps it alive.
-    pub fn get(&self, model: &str, id: &SequenceId) -> Option<String> {
+    pub fn get(&self, model: &str, id: &SequenceId) -> Option<Arc<str>> {
         let key = (model, id);
         let key = &key as &dyn KeyParts;
-        let now = Instant::now();
+        let (now, idle) = (self.now(), self.idle_ms());
         let mut pin = self.pins.get_mut(key)?;
-        if now.duration_since(pin.last_seen) >= self.idle {
+        if now.saturating_sub(pin.last_seen) >= idle {
             drop(pin);
             if self
                 .pins
-                .remove_if(key, |_, p| now.duration_since(p.last_seen) >= self.idle)
+                .remove_if(key, |_, p| now.saturating_sub(p.last_seen) >= idle)
                 .is_some()
             {
                 self.count.fetch_sub(1, Ordering::Relaxed);
@@ -148,14 +201,14 @@ impl PinTable {
             return false;
         }
         let key = PinKey {
-            model: model.to_string(),
+            model: self.names.get(model),
             id: id.clone(),
         };
-        let now = Instant::now();
+        let now = self.now();
         let before = self.pins.insert(
             key,
             Pin {
-                backend: backend.to_string(),
+                backend: self.names.get(backend),
                 last_seen: now,
                 confirmed: now,
                 refresh_after: now,
@@ -179,8 +232,9 @@ impl PinTable {
         let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) else {
             return Cached::Absent;
         };
-        let now = Instant::now();
-        let age = now.duration_since(pin.confirmed);
+        let (ttl, refresh_every) = (ttl.as_millis() as u64, refresh_every.as_millis() as u64);
+        let now = self.now();
+        let age = now.saturating_sub(pin.confirmed);
         if age >= ttl {
             return Cached::Stale;
         }
@@ -195,10 +249,10 @@ impl PinTable {
     /// reading it there, or writing it). A pin that ended meanwhile stays ended.
     pub fn confirm(&self, model: &str, id: &SequenceId, backend: &str) {
         if let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) {
-            if pin.backend != backend {
-                pin.backend = backend.to_string();
+            if &*pin.backend != backend {
+                pin.backend = self.names.get(backend);
             }
-            pin.confirmed = Instant::now();
+            pin.confirmed = self.now();
         }
     }
 
@@ -211,14 +265,15 @@ impl PinTable {
     /// Drops idle pins. It visits the whole table, so it runs on a blocking thread, every
     /// `sweep_interval`, never on a request's path.
     pub fn sweep_now(&self) {
-        let now = Instant::now();
+        let (now, idle) = (self.now(), self.idle_ms());
         let mut removed = 0;
         self.pins.retain(|_, p| {
-            let keep = now.duration_since(p.last_seen) < self.idle;
+            let keep = now.saturating_sub(p.last_seen) < idle;
             removed += usize::from(!keep);
             keep
         });
         self.count.fetch_sub(removed, Ordering::Relaxed);
+        self.names.prune();
     }
 
     /// A quarter of the idle timeout, within 100 ms and 60 s: a pin outlives its timeout
@@ -242,6 +297,36 @@ mod tests {
         assert_eq!(t.get("other", &id), None);
         t.remove("m", &id);
         assert_eq!(t.get("m", &id), None);
+    }
+
+    #[test]
+    fn names_are_stored_once_and_dropped_with_their_last_pin() {
+        let t = PinTable::new(10, Duration::from_millis(20));
+        let names = || t.names.0.read().unwrap().len();
+        for id in 0..3 {
+            assert!(t.insert("m", &SequenceId::Uint(id), "http://b1"));
+        }
+        assert!(t.insert("m", &SequenceId::String("s".into()), "http://b2"));
+        assert_eq!(names(), 3, "m, http://b1 and http://b2, once each");
+        let a = t.get("m", &SequenceId::Uint(0)).unwrap();
+        let b = t.get("m", &SequenceId::Uint(1)).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "pins share their backend's key");
+        drop((a, b));
+        t.confirm("m", &SequenceId::Uint(0), "http://b2");
+        assert_eq!(
+            t.get("m", &SequenceId::Uint(0)).as_deref(),
+            Some("http://b2")
+        );
+        t.remove("m", &SequenceId::String("s".into()));
+        t.sweep_now();
+        assert_eq!(names(), 3, "every name is still in use");
+        std::thread::sleep(Duration::from_millis(40));
+        t.sweep_now();
+        assert_eq!(
+            (t.len(), names()),
+            (0, 0),
+            "idle pins and their names are gone"
+        );
     }
 
     #[test]
