@@ -653,3 +653,66 @@ async fn concurrent_claims_share_one_round_trip() {
         0
     );
 }
+
+/// A pin that another replica changed in Redis (here: set by hand, to a worker that holds
+/// the sequence's state) is followed once this replica renews its cached copy: the renewal
+/// reads the store's holder, and the requests after it go there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_changed_in_the_store_is_followed_after_the_renewal() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    // Pins are trusted for the idle timeout (4 s) and renewed every quarter of it (1 s). The
+    // loop below ends well before the pin would turn stale (which would also make the
+    // replica ask the store), so what it sees is the renewal's doing.
+    let fleet = pins_toml(
+        "refresh_interval_ms = 200\nsequence_idle_timeout_ms = 4000",
+        &redis.url(),
+    );
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
+    let b = base(&gw);
+    let client = http_client();
+
+    let r = accumulate(&client, &b, 1, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let here = r.backend.clone().expect("the backend is named");
+    let other = workers.iter().find(|w| w.name != here).unwrap();
+    // The other worker holds a sequence 1 of its own (sum 100), and the store names it.
+    let direct = accumulate(&client, &other.url, 1, true, false, 100).await;
+    assert_eq!(direct.output_int("OUTPUT0"), Some(100), "{direct:?}");
+    {
+        let mut c = redis.client().get_connection().unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("tensorgate:pin:accumulate:u:1")
+            .arg(&other.url)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+    }
+
+    // Requests keep coming every 30 ms; after the first renewal they reach the other worker,
+    // which adds to its own sum.
+    let mut followed = None;
+    for _ in 0..80 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let r = accumulate(&client, &b, 1, false, false, 1).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        if r.backend.as_deref() == Some(other.name.as_str()) {
+            followed = Some(r);
+            break;
+        }
+    }
+    let r = followed.expect("the gateway never followed the store's pin");
+    assert_eq!(r.output_int("OUTPUT0"), Some(101), "{r:?}");
+    assert_eq!(
+        gw.gateway
+            .router
+            .pins
+            .get("accumulate", &SequenceId::Uint(1))
+            .as_deref(),
+        Some(other.url.as_str())
+    );
+    assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
