@@ -625,3 +625,77 @@ async fn a_runtime_failure_is_that_requests_500() {
     let r = infer_simple(&client, &w.url, 1).await;
     assert_eq!(r.status, 200);
 }
+
+/// ONNX STRING tensors are BYTES at the v2 API: the metadata says so, UTF-8 elements go in
+/// and come back out (compared with onnxruntime's answer for the same input, computed by
+/// tests/fixtures/onnx/make_strings.py's model: SAME = TEXT, FLAT = TEXT as one row), in JSON
+/// and in binary; an element that is not UTF-8 is the client's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_tensors_are_bytes() {
+    let w = worker("w", &fixtures().join("strings")).await;
+    let client = http_client();
+    let (status, meta) = get_json(&client, &format!("{}/v2/models/strings", w.url)).await;
+    assert_eq!(status, 200, "{meta}");
+    assert_eq!(
+        (&meta["inputs"], &meta["outputs"]),
+        (
+            &json!([{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 2]}]),
+            &json!([
+                {"name": "SAME", "datatype": "BYTES", "shape": [-1, 2]},
+                {"name": "FLAT", "datatype": "BYTES", "shape": [1, -1]}
+            ])
+        )
+    );
+
+    let url = format!("{}/v2/models/strings/infer", w.url);
+    let text = json!(["héllo", "", "a", "b c"]);
+    let (status, body) = post_json(
+        &client,
+        &url,
+        &json!({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 2], "data": text}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["outputs"],
+        json!([
+            {"name": "SAME", "datatype": "BYTES", "shape": [2, 2], "data": text},
+            {"name": "FLAT", "datatype": "BYTES", "shape": [1, 4], "data": text}
+        ])
+    );
+
+    // The same elements as binary (4-byte length, bytes), then one that is not UTF-8.
+    let binary = |elements: &[&[u8]]| {
+        let mut data = Vec::new();
+        for e in elements {
+            data.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            data.extend_from_slice(e);
+        }
+        let header = json!({
+            "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 2],
+                        "parameters": {"binary_data_size": data.len()}}],
+            "outputs": [{"name": "SAME"}]
+        })
+        .to_string();
+        let length = header.len();
+        let mut body = header.into_bytes();
+        body.extend_from_slice(&data);
+        (body, length)
+    };
+    let send = |(body, length): (Vec<u8>, usize)| {
+        client
+            .post(&url)
+            .header("Inference-Header-Content-Length", length.to_string())
+            .body(body)
+            .send()
+    };
+    let r = send(binary(&["é".as_bytes(), b"x"])).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["outputs"][0]["data"], json!(["é", "x"]), "{body}");
+
+    let r = send(binary(&[b"\xff\xfe", b"x"])).await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "input 'TEXT': the model takes UTF-8 strings");
+}
