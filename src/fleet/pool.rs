@@ -294,6 +294,23 @@ mod tests {
             })
     }
 
+    #[test]
+    fn a_base_url_without_a_host_is_refused_with_its_reason() {
+        let err = |base: &str| {
+            ConnPool::new(connector(), base, Duration::from_secs(1), 4)
+                .err()
+                .expect("refused")
+        };
+        assert_eq!(err("/v2"), "backend url '/v2' has no host");
+        assert_eq!(
+            err("http://exa mple"),
+            "backend url 'http://exa mple': invalid uri character"
+        );
+        assert!(
+            ConnPool::new(connector(), "http://127.0.0.1:9", Duration::from_secs(1), 4).is_ok()
+        );
+    }
+
     /// A keep-alive HTTP/1 server that answers `answers_per_connection` requests on each
     /// connection and then closes it; counts connections. Requests must be small.
     async fn server(answers_per_connection: usize) -> (String, Arc<AtomicUsize>) {
