@@ -699,3 +699,55 @@ async fn string_tensors_are_bytes() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"], "input 'TEXT': the model takes UTF-8 strings");
 }
+
+/// While a load runs (VGG-19 takes a while to optimise), the index says LOADING for the
+/// model, and READY once the load has answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_loading_while_its_load_runs() {
+    let repo = TempDir::new("onnx-loading");
+    std::fs::create_dir_all(&repo.0).unwrap();
+    let w = worker("w", &repo.0).await;
+    std::fs::create_dir_all(repo.path("vgg19/1")).unwrap();
+    std::fs::copy(
+        fixtures().join("light/vgg19.onnx"),
+        repo.path("vgg19/1/model.onnx"),
+    )
+    .unwrap();
+    let url = format!("{}/v2/repository/models/vgg19/load", w.url);
+    let load = tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        let r = client.post(url).json(&json!({})).send().await.unwrap();
+        r.status().as_u16()
+    });
+    let client = http_client();
+    let mut states = Vec::new();
+    for _ in 0..500 {
+        let idx = index(&client, &w.url).await;
+        if let Some(e) = idx.iter().find(|e| e["name"] == "vgg19") {
+            states.push(e["state"].clone());
+            if e["state"] == "LOADING" {
+                assert_eq!(
+                    (&e["reason"], &e["backends"]),
+                    (&json!("a load is in progress"), &json!(["builtin"]))
+                );
+                break;
+            }
+        }
+        if load.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        states.last(),
+        Some(&json!("LOADING")),
+        "the index never said LOADING during the load: {states:?}"
+    );
+    assert_eq!(load.await.unwrap(), 200);
+    let idx = index(&client, &w.url).await;
+    let e = idx.iter().find(|e| e["name"] == "vgg19").unwrap();
+    assert_eq!(e["state"], "READY", "{idx:?}");
+}

@@ -3,10 +3,12 @@
 //! catalog is rebuilt before the answer, so that an infer sent right after a successful load
 //! finds the model.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::backend::{BackendError, RepositoryAction};
-use super::Fleet;
+use super::{BackendHandle, Fleet};
+use crate::models::repository::{IndexEntry, ModelState};
 
 /// What one backend answered to a load or unload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +33,9 @@ impl Fleet {
             .iter()
             .filter(|h| h.capabilities().repository)
             .map(|h| async move {
+                if action == RepositoryAction::Load {
+                    mark_loading(h, model);
+                }
                 let result =
                     match tokio::time::timeout(timeout, h.backend.control(model, action)).await {
                         Ok(Ok(())) => Ok(()),
@@ -48,6 +53,20 @@ impl Fleet {
         }
         outcomes
     }
+}
+
+/// Until the refresh after the load, the index says LOADING for the model on `h` (unless
+/// `h` serves it already: a reload keeps the loaded model serving, and READY).
+fn mark_loading(h: &BackendHandle, model: &str) {
+    let mut state = (**h.state.load()).clone();
+    state.unavailable.retain(|e| e.name != model);
+    state.unavailable.push(IndexEntry {
+        name: model.to_string(),
+        version: None,
+        state: ModelState::Loading,
+        reason: "a load is in progress".into(),
+    });
+    h.state.store(Arc::new(state));
 }
 
 fn message(e: &BackendError) -> String {
