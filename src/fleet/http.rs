@@ -8,7 +8,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
@@ -41,15 +40,7 @@ pub fn new_client(
     pool_idle_timeout: Duration,
     tls: rustls::ClientConfig,
 ) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(false);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
+    let https = super::pool::connector(connect_timeout, tls);
     let max_idle = if pool_idle_timeout.is_zero() { 0 } else { 1024 };
     let legacy = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle_timeout)
@@ -131,27 +122,10 @@ impl HttpBackend {
         &self,
         req: Request<Body>,
     ) -> Result<http::Response<hyper::body::Incoming>, BackendError> {
-        self.client.request(req).await.map_err(|e| {
-            if e.is_connect() {
-                BackendError::Connect(format!(
-                    "cannot connect to {}: {}",
-                    self.base,
-                    source_chain(&e)
-                ))
-            } else if closed_before_answer(&e) {
-                BackendError::Reset(format!(
-                    "{} closed the connection before answering: {}",
-                    self.base,
-                    source_chain(&e)
-                ))
-            } else {
-                BackendError::Failed(format!(
-                    "request to {} failed: {}",
-                    self.base,
-                    source_chain(&e)
-                ))
-            }
-        })
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| self.send_error(e.is_connect(), &e))
     }
 
     /// An inference request, over the backend's own connection pool.
@@ -163,24 +137,33 @@ impl HttpBackend {
             )));
         };
         pool.send(req).await.map_err(|e| match e {
-            SendError::Connect(e) => BackendError::Connect(format!(
+            SendError::Connect(e) => self.send_error(true, e.as_ref()),
+            SendError::Failed(e) => self.send_error(false, e.as_ref()),
+        })
+    }
+
+    /// Why a request to this backend got no answer, from either client: nothing reached it
+    /// (`connect`), it closed the connection before answering, or anything else.
+    fn send_error(&self, connect: bool, e: &(dyn std::error::Error + 'static)) -> BackendError {
+        if connect {
+            BackendError::Connect(format!(
                 "cannot connect to {}: {}",
                 self.base,
-                source_chain(e.as_ref())
-            )),
-            SendError::Failed(e) if closed_before_answer(e.as_ref()) => {
-                BackendError::Reset(format!(
-                    "{} closed the connection before answering: {}",
-                    self.base,
-                    source_chain(e.as_ref())
-                ))
-            }
-            SendError::Failed(e) => BackendError::Failed(format!(
+                source_chain(e)
+            ))
+        } else if closed_before_answer(e) {
+            BackendError::Reset(format!(
+                "{} closed the connection before answering: {}",
+                self.base,
+                source_chain(e)
+            ))
+        } else {
+            BackendError::Failed(format!(
                 "request to {} failed: {}",
                 self.base,
-                source_chain(e.as_ref())
-            )),
-        })
+                source_chain(e)
+            ))
+        }
     }
 
     /// A small call (metadata, readiness) with the probe deadline. Returns the status and body.
@@ -380,10 +363,10 @@ impl Listed {
     }
 }
 
-/// Whether the connection ended before any byte of a response arrived: hyper's "connection
-/// closed before message completed", or a reset, abort or broken pipe underneath. The client
-/// call returns only once a response head arrived, so an error here means none did.
-/// Whether `e`, or an error under it, says the connection closed before an answer.
+/// Whether `e`, or an error under it, says the connection ended before any byte of a
+/// response arrived: hyper's "connection closed before message completed", or a reset,
+/// abort or broken pipe underneath. Both clients return only once a response head arrived,
+/// so an error here means none did.
 fn closed_before_answer(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {

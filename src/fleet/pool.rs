@@ -27,6 +27,20 @@ use crate::body::Body;
 
 pub type Connector = HttpsConnector<HttpConnector>;
 
+/// The connector of every HTTP backend: http:// and https:// (rustls with `tls`), HTTP/1,
+/// Nagle off, each connection attempt bounded by `connect_timeout`.
+pub fn connector(connect_timeout: Duration, tls: rustls::ClientConfig) -> Connector {
+    let mut tcp = HttpConnector::new();
+    tcp.set_connect_timeout(Some(connect_timeout));
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp)
+}
+
 /// Why a request got no answer.
 #[derive(Debug)]
 pub enum SendError {
@@ -283,15 +297,7 @@ mod tests {
 
     fn connector() -> Connector {
         let tls = crate::tls::client_config(&Default::default()).unwrap();
-        hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector({
-                let mut c = HttpConnector::new();
-                c.enforce_http(false);
-                c
-            })
+        super::connector(Duration::from_secs(5), tls)
     }
 
     #[test]

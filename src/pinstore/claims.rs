@@ -150,3 +150,38 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn claims() -> Claims {
+        // Never connected: the batcher gets no chance to run in these tests.
+        let client = redis::Client::open("redis://127.0.0.1:1/0").unwrap();
+        let conn = ConnectionManager::new_lazy_with_config(
+            client,
+            redis::aio::ConnectionManagerConfig::new(),
+        )
+        .unwrap();
+        Claims::new(conn, 1000, IntCounter::new("trips", "trips").unwrap())
+    }
+
+    /// A full queue answers at once, with an error, instead of waiting behind the others:
+    /// the caller routes without the store.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_queue_refuses_at_once() {
+        let claims = claims();
+        for n in 0..QUEUE {
+            // Each claim is queued, then waits for its answer; the wait is given up here.
+            let polled = claims.claim(format!("k{n}"), "b".into()).now_or_never();
+            assert!(polled.is_none(), "claim {n} waits for its batch");
+        }
+        let refused = claims.claim("one more".into(), "b".into()).now_or_never();
+        assert_eq!(
+            refused,
+            Some(Err(format!("{QUEUE} claims already wait for Redis")))
+        );
+    }
+}

@@ -97,7 +97,7 @@ fn encode_for_client(
     Ok(encoded_response(encoded))
 }
 
-fn pass_through(backend: http::Response<crate::fleet::pool::BackendBody>) -> Response<Body> {
+fn pass_through(backend: http::Response<crate::gateway::core::BackendBody>) -> Response<Body> {
     let (parts, body) = backend.into_parts();
     let mut r = Response::builder().status(parts.status);
     for name in [

@@ -396,7 +396,7 @@ impl Attempt<'_> {
     /// Reads a body within the deadline.
     async fn read(
         &self,
-        body: crate::fleet::pool::BackendBody,
+        body: super::BackendBody,
         limit: usize,
     ) -> Result<Result<Bytes, String>, GatewayError> {
         let read = Limited::new(body, limit).collect();

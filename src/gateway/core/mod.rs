@@ -30,6 +30,8 @@ use super::observe::{traceparent, Observation};
 use super::Gateway;
 use crate::config::Config;
 use crate::error::GatewayError;
+/// The body of a backend's answer that goes back to the client unchanged.
+pub use crate::fleet::pool::BackendBody;
 use crate::fleet::CatalogEntry;
 use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetadata};
 
@@ -69,7 +71,7 @@ pub enum Outcome {
         from_binary: bool,
     },
     /// The backend's answer to the client's original bytes, to go back as it is.
-    PassThrough(http::Response<crate::fleet::pool::BackendBody>),
+    PassThrough(http::Response<BackendBody>),
 }
 
 /// Phase 1: finds the model, and labels the observation with it. The guard keeps

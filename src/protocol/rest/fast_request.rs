@@ -164,16 +164,10 @@ fn tensor<'a>(r: &mut Reader<'a>, limits: &Limits) -> Option<WireTensor<'a>> {
             let dt = datatype.as_deref().and_then(DataType::parse);
             let (wire, len) = match dt {
                 Some(dt) => {
-                    let expected = match &shape {
-                        Some(WireShape::Dims(dims)) => {
-                            dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
-                        }
-                        Some(WireShape::Numbers(dims)) => dims
-                            .iter()
-                            .try_fold(1u64, |a, d| a.checked_mul(d.as_u64()?)),
-                        None => None,
-                    }
-                    .unwrap_or(0);
+                    let expected = shape
+                        .as_ref()
+                        .and_then(WireShape::element_count)
+                        .unwrap_or(0);
                     let (bytes, n, len) =
                         json_data::parse_data_prefix(text, dt, limits.max_json_depth, expected)
                             .ok()?;

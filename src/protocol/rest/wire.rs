@@ -29,6 +29,18 @@ pub(crate) enum WireShape {
     Dims(Vec<u64>),
 }
 
+impl WireShape {
+    /// The number of elements, if every dimension is a u64 and the product fits.
+    pub(crate) fn element_count(&self) -> Option<u64> {
+        match self {
+            WireShape::Dims(dims) => dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)),
+            WireShape::Numbers(dims) => dims
+                .iter()
+                .try_fold(1u64, |a, d| a.checked_mul(d.as_u64()?)),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for WireShape {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         Ok(WireShape::Numbers(Deserialize::deserialize(d)?))
