@@ -332,18 +332,12 @@ async fn dns_discovery_follows_the_addresses_of_a_name() {
     }
     let resolver = MutableResolver::default();
     resolver.set("workers.test", &ips[..2]);
-    let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\n\n\
-         [fleet]\nrefresh_interval_ms = 200\ndns_interval_ms = 200\n\n\
-         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
-    );
-    let gw = tensorgate::run::start_with_resolver(
-        parse_config(&text),
-        false,
+    let gw = start_dns_gateway(
+        "refresh_interval_ms = 200\ndns_interval_ms = 200",
+        port,
         Arc::new(resolver.clone()),
     )
-    .await
-    .expect("the gateway starts");
+    .await;
     let b = base(&gw);
     let client = http_client();
     let name = |ip: &str| format!("pool/{ip}:{port}");

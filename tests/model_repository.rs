@@ -700,8 +700,21 @@ async fn string_tensors_are_bytes() {
     assert_eq!(body["error"], "input 'TEXT': the model takes UTF-8 strings");
 }
 
+/// A load of `model` sent to `base` in the background; its status when it answers.
+fn spawn_load(base: &str, model: &str) -> tokio::task::JoinHandle<u16> {
+    let url = format!("{base}/v2/repository/models/{model}/load");
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        let r = client.post(url).json(&json!({})).send().await.unwrap();
+        r.status().as_u16()
+    })
+}
+
 /// While a load runs (VGG-19 takes a while to optimise), the index says LOADING for the
-/// model, and READY once the load has answered.
+/// model, and READY once the load has answered; while it is loaded again, READY.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_is_loading_while_its_load_runs() {
     let repo = TempDir::new("onnx-loading");
@@ -713,15 +726,7 @@ async fn a_model_is_loading_while_its_load_runs() {
         repo.path("vgg19/1/model.onnx"),
     )
     .unwrap();
-    let url = format!("{}/v2/repository/models/vgg19/load", w.url);
-    let load = tokio::spawn(async move {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(600))
-            .build()
-            .unwrap();
-        let r = client.post(url).json(&json!({})).send().await.unwrap();
-        r.status().as_u16()
-    });
+    let load = spawn_load(&w.url, "vgg19");
     let client = http_client();
     let mut states = Vec::new();
     for _ in 0..500 {
@@ -750,4 +755,31 @@ async fn a_model_is_loading_while_its_load_runs() {
     let idx = index(&client, &w.url).await;
     let e = idx.iter().find(|e| e["name"] == "vgg19").unwrap();
     assert_eq!(e["state"], "READY", "{idx:?}");
+
+    // A load of a model that serves already (a reload) keeps it serving: the index stays
+    // READY and the model ready while the new copy is made.
+    let reload = spawn_load(&w.url, "vgg19");
+    let mut during = 0;
+    for _ in 0..2000 {
+        if reload.is_finished() {
+            break;
+        }
+        let idx = index(&client, &w.url).await;
+        let e = idx.iter().find(|e| e["name"] == "vgg19").unwrap();
+        let ready = client
+            .get(format!("{}/v2/models/vgg19/ready", w.url))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if reload.is_finished() {
+            break;
+        }
+        assert_eq!((&e["state"], ready), (&json!("READY"), 200), "{idx:?}");
+        during += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(during > 0, "the reload answered before the index was read");
+    assert_eq!(reload.await.unwrap(), 200);
 }

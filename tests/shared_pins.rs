@@ -195,22 +195,9 @@ async fn join_one_replica_at_a_time(pins: Option<&Redis>) -> Result<JoinReport, 
     if let Some(redis) = pins {
         fleet = pins_toml(&fleet, &redis.url());
     }
-    let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\nlog_level = \"warn\"\n\n\
-         [fleet]\n{fleet}\n\n\
-         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
-    );
     let mut gateways = Vec::new();
     for _ in 0..3 {
-        gateways.push(
-            tensorgate::run::start_with_resolver(
-                parse_config(&text),
-                false,
-                Arc::new(resolver.clone()),
-            )
-            .await
-            .expect("the gateway starts"),
-        );
+        gateways.push(start_dns_gateway(&fleet, port, Arc::new(resolver.clone())).await);
     }
     let bases: Vec<String> = gateways.iter().map(base).collect();
     let new_worker = format!("pool/{}:{port}", ips[3]);
@@ -714,5 +701,86 @@ async fn a_pin_changed_in_the_store_is_followed_after_the_renewal() {
         Some(other.url.as_str())
     );
     assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
+
+/// Counts the lookups of every name it answers for.
+#[derive(Clone, Default)]
+struct CountingResolver {
+    inner: MutableResolver,
+    lookups: Arc<AtomicUsize>,
+}
+
+impl tensorgate::fleet::discovery::Resolve for CountingResolver {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+    ) -> tensorgate::fleet::backend::BoxFuture<'a, Result<Vec<std::net::IpAddr>, String>> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.resolve(host)
+    }
+}
+
+/// Shared pins that name a backend this replica cannot find make it resolve its DNS
+/// backends again, but at most once a second, however many requests ask at once: a burst
+/// of such sequences is not a burst of DNS queries. The requests get a 503 naming the
+/// backend, since their state lives where this replica cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediscovery_for_unknown_pinned_backends_runs_once_a_second() {
+    let redis = Redis::start().await;
+    let worker = Worker::start("w", "127.0.0.2", 0, &["accumulate"]).await;
+    let resolver = CountingResolver::default();
+    resolver.inner.set("workers.test", &["127.0.0.2"]);
+    let fleet = pins_toml(
+        "refresh_interval_ms = 200\ndns_interval_ms = 3600000",
+        &redis.url(),
+    );
+    let gw = start_dns_gateway(&fleet, worker.port, Arc::new(resolver.clone())).await;
+    let b = base(&gw);
+    // Another replica pinned these sequences to an address this one never resolves.
+    let elsewhere = format!("http://127.0.0.3:{}", worker.port);
+    let mut c = redis.client().get_connection().unwrap();
+    for id in 1..=40u64 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{PREFIX}accumulate:u:{id}"))
+            .arg(&elsewhere)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+    }
+    let client = http_client();
+    let burst = |ids: std::ops::RangeInclusive<u64>| {
+        let (client, b, elsewhere) = (client.clone(), b.clone(), elsewhere.clone());
+        async move {
+            let ids: Vec<u64> = ids.collect();
+            let replies = futures_util::future::join_all(ids.iter().map(|&id| {
+                let (client, b) = (client.clone(), b.clone());
+                async move { accumulate(&client, &b, id, false, false, 1).await }
+            }))
+            .await;
+            for (r, id) in replies.iter().zip(ids) {
+                assert_eq!(r.status, 503, "{r:?}");
+                let error = r.body["error"].as_str().unwrap_or_default();
+                assert!(
+                    error.contains(&format!(
+                        "({elsewhere}) is unavailable; the sequence's state is lost"
+                    )),
+                    "sequence {id}: {error}"
+                );
+            }
+        }
+    };
+    let before = resolver.lookups.load(Ordering::SeqCst);
+    burst(1..=20).await;
+    assert_eq!(
+        resolver.lookups.load(Ordering::SeqCst) - before,
+        1,
+        "20 requests at once resolved the name once"
+    );
+    // A second later the next ask resolves again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    burst(21..=40).await;
+    assert_eq!(resolver.lookups.load(Ordering::SeqCst) - before, 2);
     gw.shutdown().await;
 }

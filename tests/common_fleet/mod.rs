@@ -765,3 +765,20 @@ pub fn m_body(parameters: Option<Value>) -> Value {
     }
     body
 }
+
+/// A gateway whose one backend entry is every address `workers.test` resolves to through
+/// `resolver`, on `port`; `fleet` is the body of its `[fleet]` table.
+pub async fn start_dns_gateway(
+    fleet: &str,
+    port: u16,
+    resolver: Arc<dyn Resolve>,
+) -> tensorgate::run::Running {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\nlog_level = \"warn\"\n\n\
+         [fleet]\n{fleet}\n\n\
+         [[backends]]\nname = \"pool\"\nurl = \"http://workers.test:{port}\"\ndiscovery = \"dns\"\n"
+    );
+    tensorgate::run::start_with_resolver(parse_config(&text), false, resolver)
+        .await
+        .expect("the gateway starts")
+}
