@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::pb::infer_parameter::ParameterChoice;
 use super::pb::InferParameter;
 use crate::protocol::error::{ProtocolError, Result};
-use crate::protocol::params::{ParamValue, Parameters};
+use crate::protocol::params::{check_count, ParamValue, Parameters};
 
 /// A non-negative int64 is the same value as an unsigned one: both read as `Uint`, which is
 /// how a JSON client's `"sequence_id": 42` reads too, so a sequence is the same key on
@@ -28,14 +28,15 @@ fn from_choice(key: &str, p: InferParameter) -> Result<ParamValue> {
 }
 
 pub fn params_from_proto(map: HashMap<String, InferParameter>) -> Result<Parameters> {
+    // Before any value is converted: a map of a million entries is refused at its size.
+    check_count(map.len())?;
     let mut entries: Vec<(String, InferParameter)> = map.into_iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out = Parameters::new();
-    for (k, v) in entries {
-        let value = from_choice(&k, v)?;
-        out.set(&k, value);
-    }
-    Ok(out)
+    let out = entries
+        .into_iter()
+        .map(|(k, v)| from_choice(&k, v).map(|value| (k, value)))
+        .collect::<Result<Vec<_>>>()?;
+    Parameters::from_distinct(out)
 }
 
 /// Unsigned values that fit go as int64_param, which is what Triton's clients read; JSON
