@@ -783,3 +783,124 @@ async fn a_model_is_loading_while_its_load_runs() {
     assert!(during > 0, "the reload answered before the index was read");
     assert_eq!(reload.await.unwrap(), 200);
 }
+
+/// What a fleet of mixed workers meets: a name that must be percent-encoded in a path, a
+/// worker without a repository (it does not claim the extension, and loads skip it), a load
+/// no backend can do (the client's error: 400), and built-in models, which stay loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_refusals_and_built_in_models_across_a_fleet() {
+    let repo = repository("onnx-edges");
+    let odd = "a+b x";
+    copy_dir(&repo.path("intbool"), &repo.path(odd));
+    let config = std::fs::read_to_string(repo.path(odd).join("config.pbtxt")).unwrap();
+    std::fs::write(
+        repo.path(odd).join("config.pbtxt"),
+        config.replace("name: \"intbool\"", &format!("name: \"{odd}\"")),
+    )
+    .unwrap();
+    let w = worker("w", &repo.0).await;
+    let bare = Worker::start("bare", "127.0.0.1", 0, &["simple"]).await;
+    let client = http_client();
+    let extensions = |base: String| {
+        let client = client.clone();
+        async move { get_json(&client, &format!("{base}/v2")).await.1["extensions"].clone() }
+    };
+    assert!(extensions(w.url.clone())
+        .await
+        .as_array()
+        .unwrap()
+        .contains(&json!("model_repository")));
+    assert_eq!(
+        extensions(bare.url.clone()).await,
+        json!([
+            "binary_tensor_data",
+            "classification",
+            "sequence",
+            "statistics"
+        ])
+    );
+
+    let text = gateway_toml(
+        &[("w", &w.url), ("bare", &bare.url)],
+        "refresh_interval_ms = 60000",
+    )
+    .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    let gw = tensorgate::run::start(parse_config(&text), false)
+        .await
+        .unwrap();
+    let base = base(&gw);
+
+    // The gateway found the odd name on the worker (asking for it encoded), and serves it
+    // to a client that encodes it as tritonclient does.
+    let (status, meta) = get_json(&client, &format!("{base}/v2/models/a%2Bb%20x")).await;
+    assert_eq!((status, &meta["name"]), (200, &json!(odd)), "{meta}");
+    let body = json!({"inputs": [
+        {"name": "A", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+        {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]},
+    ]});
+    let (status, answer) = post_json(
+        &client,
+        &format!("{base}/v2/models/a%2Bb%20x/versions/2/infer"),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = post_json(
+        &client,
+        &format!("{base}/v2/repository/models/a%2Bb%20x/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // Only the worker with a repository was asked.
+    assert_eq!(answer["results"], json!([{"backend": "w", "status": "ok"}]));
+
+    // A model no backend has: the client's error, over REST and gRPC.
+    let (status, answer) = post_json(
+        &client,
+        &format!("{base}/v2/repository/models/nosuch/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"],
+        format!(
+            "load of model 'nosuch' failed on 1 of 1 backends: w: 400: load of model 'nosuch' failed on 1 of 1 backends: builtin: no model 'nosuch' in the model repository {}",
+            repo.0.display()
+        )
+    );
+    let mut grpc = common_grpc::connect(gw.grpc_addr.unwrap()).await;
+    let e = grpc
+        .repository_model_load(pb::RepositoryModelLoadRequest {
+            model_name: "nosuch".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no backend has it");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+
+    // A built-in model cannot be unloaded (a load could not bring it back); loading it
+    // does nothing. It serves throughout.
+    let (status, answer) = post_json(
+        &client,
+        &format!("{}/v2/repository/models/simple/unload", w.url),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "unload of model 'simple' failed on 1 of 1 backends: builtin: model 'simple' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
+    );
+    let (status, answer) = post_json(
+        &client,
+        &format!("{}/v2/repository/models/simple/load", w.url),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, _) = get_json(&client, &format!("{}/v2/models/simple/ready", w.url)).await;
+    assert_eq!(status, 200);
+    gw.shutdown().await;
+}

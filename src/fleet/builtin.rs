@@ -328,6 +328,16 @@ impl Backend for BuiltinBackend {
             };
             self.scan(state).await;
             let _one_at_a_time = state.control.lock().await;
+            if self.is_built_in(state, model) {
+                // Always loaded: a load has nothing to do, and an unload could not be undone
+                // (a load reads the repository, which does not hold it).
+                return match action {
+                    RepositoryAction::Load => Ok(()),
+                    RepositoryAction::Unload => Err(BackendError::Rejected(format!(
+                        "model '{model}' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
+                    ))),
+                };
+            }
             match action {
                 RepositoryAction::Load => self.load_one(state, model).await,
                 RepositoryAction::Unload => self.unload_one(state, model),
@@ -338,6 +348,14 @@ impl Backend for BuiltinBackend {
 }
 
 impl BuiltinBackend {
+    /// A demo model compiled into the binary: serving, and neither in the repository nor
+    /// ever loaded from it (names cannot collide: that is refused at startup).
+    fn is_built_in(&self, state: &RepositoryState, name: &str) -> bool {
+        self.models.load().contains_key(name)
+            && !state.repo.has(name)
+            && !state.index.lock().expect("index lock").contains_key(name)
+    }
+
     /// Repository models that are not serving, with why.
     fn unavailable(&self) -> Vec<IndexEntry> {
         let Some(state) = &self.repository else {

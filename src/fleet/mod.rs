@@ -417,7 +417,10 @@ async fn refresh_backend(
                 tracing::warn!(backend = %h.name, tried = %no_models.as_deref().unwrap_or_default(), "backend exposes no models");
             }
             let mut capabilities = Capabilities::learn(&server, h.encoding);
-            capabilities.repository |= list.answers_index;
+            // MLServer 1.7 lists no extensions yet has the repository endpoints; a server that
+            // lists its extensions (Triton, KServe, tensorgate) is taken at its word: a
+            // tensorgate worker without a repository answers the index, but cannot load.
+            capabilities.repository |= list.answers_index && server.extensions.is_empty();
             BackendState {
                 reachable: true,
                 capabilities,

@@ -16,6 +16,10 @@ pub struct ControlOutcome {
     pub backend: String,
     /// `Err` holds the backend's message.
     pub result: Result<(), String>,
+    /// The failure was the backend refusing the request itself (a 4xx, or the in-process
+    /// models' own check: no such model, a model that cannot load), not a failure of the
+    /// backend or of the way to it.
+    pub refused: bool,
 }
 
 impl Fleet {
@@ -36,15 +40,19 @@ impl Fleet {
                 if action == RepositoryAction::Load {
                     mark_loading(h, model);
                 }
-                let result =
+                let (result, refused) =
                     match tokio::time::timeout(timeout, h.backend.control(model, action)).await {
-                        Ok(Ok(())) => Ok(()),
-                        Ok(Err(e)) => Err(message(&e)),
-                        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+                        Ok(Ok(())) => (Ok(()), false),
+                        Ok(Err(e)) => (Err(message(&e)), refusal(&e)),
+                        Err(_) => (
+                            Err(format!("no answer within {} ms", timeout.as_millis())),
+                            false,
+                        ),
                     };
                 ControlOutcome {
                     backend: h.name.clone(),
                     result,
+                    refused,
                 }
             });
         let outcomes = futures_util::future::join_all(calls).await;
@@ -67,6 +75,16 @@ fn mark_loading(h: &BackendHandle, model: &str) {
         reason: "a load is in progress".into(),
     });
     h.state.store(Arc::new(state));
+}
+
+/// A 4xx answer to a load or unload (Triton answers 400 for a model it does not have or
+/// cannot load), or the in-process models' refusal.
+fn refusal(e: &BackendError) -> bool {
+    match e {
+        BackendError::Rejected(_) => true,
+        BackendError::Status { status, .. } => status.is_client_error(),
+        _ => false,
+    }
 }
 
 fn message(e: &BackendError) -> String {

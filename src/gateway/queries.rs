@@ -12,13 +12,25 @@ use crate::fleet::CatalogEntry;
 use crate::protocol::metadata::extensions;
 
 /// The extensions the gateway itself guarantees, whatever the backends support.
-pub const GATEWAY_EXTENSIONS: &[&str] = &[
-    extensions::BINARY_TENSOR_DATA,
-    extensions::CLASSIFICATION,
-    extensions::MODEL_REPOSITORY,
-    extensions::SEQUENCE,
-    extensions::STATISTICS,
-];
+/// The extensions the gateway serves: `model_repository` only while a backend has a model
+/// repository (a load or unload has nowhere to go otherwise).
+pub fn extensions(gw: &Gateway) -> Vec<&'static str> {
+    let repository = gw
+        .fleet
+        .backends()
+        .iter()
+        .any(|h| h.capabilities().repository);
+    [
+        extensions::BINARY_TENSOR_DATA,
+        extensions::CLASSIFICATION,
+        extensions::MODEL_REPOSITORY,
+        extensions::SEQUENCE,
+        extensions::STATISTICS,
+    ]
+    .into_iter()
+    .filter(|e| repository || *e != extensions::MODEL_REPOSITORY)
+    .collect()
+}
 
 /// Ready means: not draining, the first discovery round is done, and at least one model has
 /// a backend that reports it ready.
@@ -136,9 +148,10 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
 /// What a load or unload across the fleet came to.
 pub struct ControlReport {
     pub outcomes: Vec<ControlOutcome>,
-    /// Every failure came from in-process models: the model cannot be loaded as it is, which
-    /// Triton answers 400; a remote backend's failure is a 502.
-    pub failed_in_process: bool,
+    /// Every backend refused the request itself (no such model, a model that cannot load:
+    /// Triton answers 400), so it is the client's to fix; otherwise a backend failed, or the
+    /// backends disagree (502).
+    pub refused: bool,
 }
 
 impl ControlReport {
@@ -197,16 +210,10 @@ pub async fn control(
             action.as_str()
         )));
     }
-    let backends = gw.fleet.backends();
-    let failed_in_process = outcomes.iter().filter(|o| o.result.is_err()).all(|o| {
-        backends
-            .iter()
-            .any(|h| h.name == o.backend && h.backend.in_process())
-    });
-    Ok(ControlReport {
-        outcomes,
-        failed_in_process,
-    })
+    // Where some backends did it and others refused, the fleet disagrees about the model:
+    // a backend's matter (502), as for any other failure.
+    let refused = outcomes.iter().all(|o| o.result.is_err() && o.refused);
+    Ok(ControlReport { outcomes, refused })
 }
 
 /// The statistics extension, from the gateway's point of view (see `observe::Stats`):

@@ -27,7 +27,7 @@ use crate::error::GatewayError;
 use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::layers::{Auth, AuthLayer, Policy, Shed, ShedLayer};
-use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
+use crate::gateway::queries;
 use crate::gateway::Gateway;
 use crate::protocol::grpc::pb;
 
@@ -128,9 +128,8 @@ fn unimplemented(what: &str) -> Status {
 
 impl GrpcFront {
     /// A load or unload across the fleet (`queries::control`): OK when every backend with a
-    /// repository did it; otherwise INVALID_ARGUMENT when the failures were in-process (the
-    /// model cannot be loaded as it is), INTERNAL when a remote backend failed, with the
-    /// message naming each backend that failed.
+    /// repository did it; INVALID_ARGUMENT when every one refused it (no such model, a model
+    /// that cannot load); otherwise INTERNAL; the message names each backend that failed.
     async fn control(&self, model: &str, action: RepositoryAction) -> Result<(), Status> {
         if model.is_empty() {
             return Err(Status::invalid_argument("model_name is required"));
@@ -140,7 +139,7 @@ impl GrpcFront {
             .map_err(|e| e.to_grpc())?;
         match report.error(model, action) {
             None => Ok(()),
-            Some(message) if report.failed_in_process => Err(Status::invalid_argument(message)),
+            Some(message) if report.refused => Err(Status::invalid_argument(message)),
             Some(message) => Err(Status::internal(message)),
         }
     }
@@ -190,7 +189,10 @@ impl GrpcInferenceService for GrpcFront {
         Ok(Response::new(pb::ServerMetadataResponse {
             name: self.gw.config().server.name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            extensions: GATEWAY_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+            extensions: queries::extensions(&self.gw)
+                .iter()
+                .map(|e| e.to_string())
+                .collect(),
         }))
     }
 

@@ -8,7 +8,7 @@ use crate::body::Body;
 use crate::error::GatewayError;
 use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
-use crate::gateway::queries::{self, GATEWAY_EXTENSIONS};
+use crate::gateway::queries;
 use crate::gateway::Gateway;
 
 pub fn server_metadata(gw: &Gateway) -> Response<Body> {
@@ -17,7 +17,7 @@ pub fn server_metadata(gw: &Gateway) -> Response<Body> {
         json!({
             "name": gw.config().server.name,
             "version": env!("CARGO_PKG_VERSION"),
-            "extensions": GATEWAY_EXTENSIONS,
+            "extensions": queries::extensions(gw),
         }),
     )
 }
@@ -71,16 +71,16 @@ pub fn repository_index(gw: &Gateway) -> Response<Body> {
     status_json(StatusCode::OK, serde_json::Value::Array(list))
 }
 
-/// A load or unload across the fleet: 200 when every backend with a repository did it; 502
-/// naming each one that failed (400 when the failures were in-process: the model itself
-/// cannot be loaded), each backend's result in the body either way.
+/// A load or unload across the fleet: 200 when every backend with a repository did it; 400
+/// when every one refused it (no such model, a model that cannot load); 502 otherwise, naming
+/// each backend that failed; each backend's result in the body either way.
 pub async fn repository_control(
     gw: &Gateway,
     model: &str,
     action: RepositoryAction,
 ) -> Result<Response<Body>, GatewayError> {
     let report = queries::control(gw, model, action).await?;
-    let status = match (report.failed().is_empty(), report.failed_in_process) {
+    let status = match (report.failed().is_empty(), report.refused) {
         (true, _) => StatusCode::OK,
         (false, true) => StatusCode::BAD_REQUEST,
         (false, false) => StatusCode::BAD_GATEWAY,

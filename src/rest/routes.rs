@@ -55,7 +55,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
                 "unload" => RepositoryAction::Unload,
                 _ => return Err(RouteError::NotFound),
             };
-            let model = model.to_string();
+            let model = decode(model).ok_or(RouteError::NotFound)?;
             (Route::RepositoryControl { model, action }, Method::POST)
         }
         // As in Triton, "stats" right after /v2/models is the statistics extension.
@@ -76,15 +76,25 @@ pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
     }
 }
 
+/// A path segment as the name it encodes: clients percent-encode names (tritonclient quotes
+/// every model name it puts in a path), and so does the gateway when it calls a backend.
+/// `None` when the bytes it encodes are not UTF-8: no model has such a name.
+fn decode(segment: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()
+        .map(|name| name.into_owned())
+}
+
 fn model_route(rest: &[&str]) -> Option<(Route, Method)> {
     let (model, version, tail) = match rest {
         [m, "versions", v, tail @ ..] if !m.is_empty() && !v.is_empty() => {
-            (m, Some(v.to_string()), tail)
+            (m, Some(decode(v)?), tail)
         }
         [m, tail @ ..] if !m.is_empty() => (m, None, tail),
         _ => return None,
     };
-    let model = model.to_string();
+    let model = decode(model)?;
     Some(match tail {
         [] => (Route::ModelMetadata { model, version }, Method::GET),
         ["ready"] => (Route::ModelReady { model, version }, Method::GET),
@@ -155,6 +165,37 @@ mod tests {
         );
         assert_eq!(
             route(&Method::GET, "/v2/models/x/versions/1/foo"),
+            Err(RouteError::NotFound)
+        );
+    }
+
+    /// Names arrive percent-encoded, as tritonclient and the gateway itself send them.
+    #[test]
+    fn names_are_percent_decoded() {
+        assert_eq!(
+            route(&Method::POST, "/v2/models/cnn%20x/versions/v%2B1/infer"),
+            Ok(Route::Infer {
+                model: "cnn x".into(),
+                version: Some("v+1".into())
+            })
+        );
+        assert_eq!(
+            route(&Method::POST, "/v2/repository/models/a%2Bb/load"),
+            Ok(Route::RepositoryControl {
+                model: "a+b".into(),
+                action: RepositoryAction::Load
+            })
+        );
+        // A literal '+' is a '+' in a path (not a space, as in a query string).
+        assert_eq!(
+            route(&Method::GET, "/v2/models/a+b"),
+            Ok(Route::ModelMetadata {
+                model: "a+b".into(),
+                version: None
+            })
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/%FF"),
             Err(RouteError::NotFound)
         );
     }

@@ -387,7 +387,10 @@ pub fn decode_request(
 fn request_from_wire(wire: WireRequest<'_>, binary: Bytes, limits: &Limits) -> Result<RequestBody> {
     let options = RequestOptions::from_parameters(&wire.parameters)?;
     let outputs = match wire.outputs {
+        // An empty list asks for nothing in particular: every output, as Triton reads it and
+        // as gRPC's empty repeated field says.
         None => None,
+        Some(list) if list.is_empty() => None,
         Some(list) => {
             check_unique(list.iter().map(|o| o.name.as_str()), Role::Output)?;
             let mut out = Vec::with_capacity(list.len());
@@ -591,6 +594,22 @@ mod tests {
 
     fn input(fields: &str) -> String {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    #[test]
+    fn an_empty_outputs_list_asks_for_every_output() {
+        let decoded = |outputs: &str| {
+            let json = format!(
+                r#"{{"inputs":[{{"name":"X","shape":[1],"datatype":"INT32","data":[1]}}]{outputs}}}"#
+            );
+            match decode_request(&Bytes::from(json), None, &Limits::default()).unwrap() {
+                RequestBody::Message(r) => r.outputs.map(|o| o.len()),
+                RequestBody::Raw(_) => panic!("not raw"),
+            }
+        };
+        assert_eq!(decoded(r#","outputs":[]"#), None);
+        assert_eq!(decoded(""), None);
+        assert_eq!(decoded(r#","outputs":[{"name":"Y"}]"#), Some(1));
     }
 
     #[test]
