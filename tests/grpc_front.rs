@@ -5,6 +5,7 @@
 mod common_fleet;
 mod common_grpc;
 
+use prost::Message as _;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -808,23 +809,55 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(garbage.len() as u32).to_be_bytes());
     frame.extend_from_slice(&garbage);
-    let req = http::Request::post(format!(
-        "http://{}/inference.GRPCInferenceService/ModelInfer",
-        gw.grpc_addr.unwrap()
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(http_body_util::Full::new(Bytes::from(frame)))
-    .unwrap();
-    let response = http2.request(req).await.unwrap();
-    let status =
-        tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer");
+    let send = |body: Vec<u8>| {
+        let req = http::Request::post(format!(
+            "http://{}/inference.GRPCInferenceService/ModelInfer",
+            gw.grpc_addr.unwrap()
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .unwrap();
+        let http2 = http2.clone();
+        async move {
+            let response = http2.request(req).await.unwrap();
+            tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer")
+        }
+    };
+    let status = send(frame.clone()).await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
         status
             .message()
             .starts_with("the request message is not valid: failed to decode Protobuf message"),
         "{status:?}"
+    );
+    // A unary call with two messages: the second is not silently dropped.
+    let one = simple(&[1; 16], &[1; 16]).encode_to_vec();
+    let mut two = Vec::new();
+    for _ in 0..2 {
+        two.push(0u8);
+        two.extend_from_slice(&(one.len() as u32).to_be_bytes());
+        two.extend_from_slice(&one);
+    }
+    let status = send(two).await;
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "the request message is not valid: a unary call carries one message, and this one has more"
+        )
+    );
+    // Refusals of what could not be read are counted like any other answer.
+    let metrics = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"tensorgate_grpc_requests_total{code="INVALID_ARGUMENT",method="/inference.GRPCInferenceService/ModelInfer"} 2"#),
+        "{metrics}"
     );
 
     // On a stream: the messages before the oversized one are answered, then the stream ends

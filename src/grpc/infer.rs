@@ -29,7 +29,7 @@ use crate::protocol::SequenceId;
 /// memory: this many messages.
 const STREAM_CONCURRENCY: usize = 16;
 
-const INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+pub(super) const INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 pub(super) const STREAM_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// What the request's metadata says about every inference it carries.
@@ -41,7 +41,7 @@ struct RpcContext {
 }
 
 impl RpcContext {
-    fn from_metadata(m: &MetadataMap) -> Result<RpcContext, GatewayError> {
+    fn from_headers(m: &http::HeaderMap) -> Result<RpcContext, GatewayError> {
         let header = |name: &str| {
             m.get(name)
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
@@ -84,17 +84,43 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
     })
 }
 
+/// ModelInfer as tonic hands it over: a compressed request, which tonic decompresses (the
+/// others take `unary::model_infer`, without tonic's buffers).
 pub async fn unary(
     gw: &Arc<Gateway>,
     req: Request<pb::ModelInferRequest>,
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
+    let (metadata, _, msg) = req.into_parts();
+    let (result, answer_metadata) = call(gw, metadata.as_ref(), async { Ok(msg) }).await;
+    match result {
+        Ok(r) => {
+            let mut response = Response::new(r);
+            *response.metadata_mut() = answer_metadata;
+            Ok(response)
+        }
+        Err(e) => Err(Status::with_metadata(
+            e.grpc_code(),
+            e.message(),
+            answer_metadata,
+        )),
+    }
+}
+
+/// One ModelInfer call, whichever path read its message (`read`, whose time counts): the
+/// context from the request's metadata, the inference, its observation. Returns the answer
+/// and the metadata to send with it (the backend that served it).
+pub(super) async fn call(
+    gw: &Arc<Gateway>,
+    headers: &http::HeaderMap,
+    read: impl std::future::Future<Output = Result<pb::ModelInferRequest, GatewayError>>,
+) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let mut obs = Observation::new(Protocol::Grpc);
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
-    let (metadata, _, msg) = req.into_parts();
     let result = async {
-        let ctx = RpcContext::from_metadata(&metadata)?;
+        let ctx = RpcContext::from_headers(headers)?;
+        let msg = read.await?;
         infer_one(gw, msg, &ctx, &mut obs).await
     }
     .await;
@@ -111,18 +137,11 @@ pub async fn unary(
         .backend
         .as_deref()
         .and_then(|b| MetadataValue::try_from(b).ok());
-    let mut headers = MetadataMap::new();
+    let mut answer_metadata = MetadataMap::new();
     if let Some(b) = backend {
-        headers.insert(BACKEND_HEADER, b);
+        answer_metadata.insert(BACKEND_HEADER, b);
     }
-    match result {
-        Ok(r) => {
-            let mut response = Response::new(r);
-            *response.metadata_mut() = headers;
-            Ok(response)
-        }
-        Err(e) => Err(Status::with_metadata(e.grpc_code(), e.message(), headers)),
-    }
+    (result, answer_metadata)
 }
 
 /// One inference: lookup, decode, the core, encode.
@@ -299,7 +318,7 @@ pub fn stream(
     req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     max_message: usize,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
-    let ctx = RpcContext::from_metadata(req.metadata());
+    let ctx = RpcContext::from_headers(req.metadata().as_ref());
     let incoming = req.into_inner();
     let order = Arc::new(SequenceOrder::default());
     let answers = incoming

@@ -12,6 +12,7 @@ mod infer;
 mod model_config;
 mod routes;
 mod statistics;
+mod unary;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -110,7 +111,13 @@ fn routes_for(gw: Arc<Gateway>) -> GrpcRoutes {
     .accept_compressed(CompressionEncoding::Gzip)
     .accept_compressed(CompressionEncoding::Deflate);
     let body_timeout = Duration::from_millis(gw.config().limits.body_read_timeout_ms);
-    GrpcRoutes::new(inference, health::service(gw), max, body_timeout)
+    GrpcRoutes::new(
+        gw.clone(),
+        inference,
+        health::service(gw),
+        max,
+        body_timeout,
+    )
 }
 
 pub struct GrpcFront {

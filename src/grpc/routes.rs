@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,9 +18,11 @@ use super::health::HealthServer;
 use super::service::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::GrpcFront;
 use crate::body::BoxError;
+use crate::gateway::Gateway;
 
 #[derive(Clone)]
 pub struct GrpcRoutes {
+    gw: Arc<Gateway>,
     inference: GrpcInferenceServiceServer<GrpcFront>,
     health: HealthServer,
     /// `limits.max_body_bytes`, the largest message the inference service decodes.
@@ -33,12 +36,14 @@ const HEALTH_MESSAGE_LIMIT: usize = 64 << 10;
 
 impl GrpcRoutes {
     pub(super) fn new(
+        gw: Arc<Gateway>,
         inference: GrpcInferenceServiceServer<GrpcFront>,
         health: HealthServer,
         max_message: usize,
         body_timeout: Duration,
     ) -> Self {
         GrpcRoutes {
+            gw,
             inference,
             health,
             max_message,
@@ -122,7 +127,10 @@ where
         use tower::ServiceExt;
         let service = service_of(req.uri().path()).to_string();
         let req = self.bounded(req);
-        if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
+        if super::unary::handles(&req) {
+            let (gw, max) = (self.gw.clone(), self.max_message);
+            Box::pin(async move { Ok(super::unary::model_infer(gw, req, max).await) })
+        } else if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
             let (svc, max) = (self.inference.clone(), self.max_message);
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
