@@ -849,12 +849,7 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
         )
     );
     // Refusals of what could not be read are counted like any other answer.
-    let metrics = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&gw).await;
     assert!(
         metrics.contains(r#"tensorgate_grpc_requests_total{code="INVALID_ARGUMENT",method="/inference.GRPCInferenceService/ModelInfer"} 2"#),
         "{metrics}"

@@ -50,6 +50,16 @@ async fn worker(name: &str, repo: &Path) -> Worker {
     .await
 }
 
+/// A gateway over `workers` (name, URL), with gRPC on; its catalog is refreshed every minute
+/// only, so what a test sees sooner came from a load's own refresh.
+async fn gateway_over(workers: &[(&str, &str)]) -> tensorgate::run::Running {
+    let text = gateway_toml(workers, "refresh_interval_ms = 60000")
+        .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
+    tensorgate::run::start(parse_config(&text), false)
+        .await
+        .unwrap()
+}
+
 async fn get_json(client: &reqwest::Client, url: &str) -> (u16, Value) {
     let r = client.get(url).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
@@ -330,14 +340,7 @@ async fn load_and_unload_fan_out_through_a_gateway() {
     let (repo_a, repo_b) = (repository("onnx-fan-a"), repository("onnx-fan-b"));
     let a = worker("wa", &repo_a.0).await;
     let b = worker("wb", &repo_b.0).await;
-    let text = gateway_toml(
-        &[("wa", &a.url), ("wb", &b.url)],
-        "refresh_interval_ms = 60000",
-    )
-    .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
-    let gw = tensorgate::run::start(parse_config(&text), false)
-        .await
-        .unwrap();
+    let gw = gateway_over(&[("wa", &a.url), ("wb", &b.url)]).await;
     let base = base(&gw);
     let client = http_client();
 
@@ -820,14 +823,7 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
         ])
     );
 
-    let text = gateway_toml(
-        &[("w", &w.url), ("bare", &bare.url)],
-        "refresh_interval_ms = 60000",
-    )
-    .replace("grpc_listen = \"\"", "grpc_listen = \"127.0.0.1:0\"");
-    let gw = tensorgate::run::start(parse_config(&text), false)
-        .await
-        .unwrap();
+    let gw = gateway_over(&[("w", &w.url), ("bare", &bare.url)]).await;
     let base = base(&gw);
 
     // The gateway found the odd name on the worker (asking for it encoded), and serves it

@@ -782,3 +782,16 @@ pub async fn start_dns_gateway(
         .await
         .expect("the gateway starts")
 }
+
+/// The gateway's Prometheus text, from its metrics listener.
+pub async fn scrape(gw: &tensorgate::run::Running) -> String {
+    reqwest::get(format!(
+        "http://{}/metrics",
+        gw.metrics_addr.expect("the metrics listener is on")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap()
+}
