@@ -50,7 +50,7 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
             Err(e) => e,
         };
         let line = e.span().map(|s| line_of(&current, s.start));
-        let message = e.message().to_string();
+        let message = with_key(&lines, line, e.message());
         let consequence = blanked_keys
             .iter()
             .any(|k| message == format!("missing field `{k}`"));
@@ -73,6 +73,30 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
         *blanked = "\n";
     }
     Err(errors)
+}
+
+/// Puts the key before a message that does not name it (a wrong type or value names only
+/// what it expected): `limits.max_body_bytes: invalid type: ...`. The key is the one
+/// assigned on the error's line, under the last table header above it.
+fn with_key(lines: &[&str], line: Option<usize>, message: &str) -> String {
+    let Some(key) = line
+        .and_then(|l| lines.get(l - 1))
+        .and_then(|text| text.split_once('='))
+        .map(|(key, _)| key.trim().trim_matches('"'))
+        .filter(|key| !key.is_empty() && !message.contains(key))
+    else {
+        return message.to_string();
+    };
+    let table = lines[..line.unwrap_or(1) - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['))
+        .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim());
+    match table {
+        Some(table) => format!("{table}.{key}: {message}"),
+        None => format!("{key}: {message}"),
+    }
 }
 
 /// Parses `text` and checks what serde cannot: backend URLs and unique names.
@@ -131,6 +155,7 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
     errors.extend(
         check_pins(&config.fleet.pins)
             .into_iter()
+            .chain(check_bounds(&config))
             .map(|message| ConfigError {
                 line: None,
                 message,
@@ -142,6 +167,152 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
         Err(errors)
     }
 }
+
+/// Values that parse but cannot work: a zero timeout times out every request, a zero
+/// refresh interval probes the backends in a loop, an unparsable log filter logs nothing.
+fn check_bounds(config: &Config) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut at_least = |key: &str, value: u64, min: u64, why: &str| {
+        if value < min {
+            errors.push(format!("{key} must be at least {min}, not {value}: {why}"));
+        }
+    };
+    let (l, f) = (&config.limits, &config.fleet);
+    let never = "no request could be served";
+    at_least("limits.max_body_bytes", l.max_body_bytes as u64, 1, never);
+    at_least("limits.max_json_bytes", l.max_json_bytes as u64, 1, never);
+    at_least("limits.max_json_depth", l.max_json_depth as u64, 1, never);
+    at_least(
+        "limits.max_tensor_elements",
+        l.max_tensor_elements,
+        1,
+        never,
+    );
+    at_least(
+        "limits.max_header_bytes",
+        l.max_header_bytes as u64,
+        1024,
+        never,
+    );
+    at_least(
+        "limits.max_concurrent_requests",
+        l.max_concurrent_requests as u64,
+        1,
+        "every request would be shed",
+    );
+    at_least(
+        "limits.request_timeout_ms",
+        l.request_timeout_ms,
+        1,
+        "every request would time out",
+    );
+    at_least(
+        "limits.header_read_timeout_ms",
+        l.header_read_timeout_ms,
+        1,
+        "no request head could arrive",
+    );
+    at_least(
+        "limits.body_read_timeout_ms",
+        l.body_read_timeout_ms,
+        1,
+        "no request body could arrive",
+    );
+    at_least(
+        "fleet.refresh_interval_ms",
+        f.refresh_interval_ms,
+        100,
+        "the backends would be probed in a loop",
+    );
+    at_least(
+        "fleet.dns_interval_ms",
+        f.dns_interval_ms,
+        100,
+        "names would be resolved in a loop",
+    );
+    at_least(
+        "fleet.probe_timeout_ms",
+        f.probe_timeout_ms,
+        1,
+        "every probe would time out",
+    );
+    at_least(
+        "fleet.connect_timeout_ms",
+        f.connect_timeout_ms,
+        1,
+        "no connection could be made",
+    );
+    at_least(
+        "fleet.unhealthy_after_checks",
+        u64::from(f.unhealthy_after_checks),
+        1,
+        "a backend would be unhealthy before any check",
+    );
+    at_least(
+        "fleet.eject_after_failures",
+        u64::from(f.eject_after_failures),
+        1,
+        "a backend would be ejected before it failed",
+    );
+    at_least(
+        "fleet.sequence_idle_timeout_ms",
+        f.sequence_idle_timeout_ms,
+        1,
+        "every pin would expire at once",
+    );
+    if f.eject_base_ms > f.eject_max_ms {
+        errors.push(format!(
+            "fleet.eject_base_ms ({}) must not exceed fleet.eject_max_ms ({})",
+            f.eject_base_ms, f.eject_max_ms
+        ));
+    }
+    for (name, m) in &config.models {
+        if m.timeout_ms == Some(0) {
+            errors.push(format!(
+                "models.{name}.timeout_ms must be at least 1, not 0: every request would time out"
+            ));
+        }
+        if m.sequence_idle_timeout_ms == Some(0) {
+            errors.push(format!(
+                "models.{name}.sequence_idle_timeout_ms must be at least 1, not 0: every pin would expire at once"
+            ));
+        }
+    }
+    if config.server.worker_threads > MAX_WORKER_THREADS {
+        errors.push(format!(
+            "server.worker_threads must be at most {MAX_WORKER_THREADS}, not {}",
+            config.server.worker_threads
+        ));
+    }
+    if let Err(why) = check_log_filter(&config.server.log_level) {
+        errors.push(format!(
+            "server.log_level '{}' is not a log filter: {why}; for example \"info\" or \"warn,tensorgate=debug\"",
+            config.server.log_level
+        ));
+    }
+    errors
+}
+
+/// tracing's filter syntax, less one reading of it: a bare word that is not a level is a
+/// target to log at every level, and then nothing else is logged. In a gateway's config that
+/// is a misspelt level ("verbose", "warning"), so it is refused.
+fn check_log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map_err(|e| e.to_string())?;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !directive.contains('=') && !LEVELS.contains(&directive.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "'{directive}' is neither a level (off, error, warn, info, debug, trace) nor target=level"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// More threads than this only cost memory and scheduling on any machine the gateway runs on.
+const MAX_WORKER_THREADS: usize = 1024;
 
 /// `[fleet.pins]`: a Redis store needs a URL the client accepts, and the bounds must be
 /// usable. A URL given to the memory store is refused rather than ignored: it says the
@@ -277,6 +448,41 @@ mod tests {
             .collect()
     }
 
+    /// Values that parse but could not work are refused, each naming its key and why.
+    #[test]
+    fn values_that_cannot_work_are_refused() {
+        let e = errors(
+            "[server]\nlog_level = \"verbose!!\"\nworker_threads = 100000\n\
+             [limits]\nrequest_timeout_ms = 0\nmax_concurrent_requests = 0\nmax_json_depth = 0\n\
+             [fleet]\nrefresh_interval_ms = 0\nunhealthy_after_checks = 0\neject_base_ms = 5000\neject_max_ms = 10\n\
+             [models.m]\ntimeout_ms = 0\n",
+        );
+        assert_eq!(
+            e[..e.len() - 1],
+            [
+                "limits.max_json_depth must be at least 1, not 0: no request could be served",
+                "limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
+                "limits.request_timeout_ms must be at least 1, not 0: every request would time out",
+                "fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
+                "fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
+                "fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
+                "models.m.timeout_ms must be at least 1, not 0: every request would time out",
+                "server.worker_threads must be at most 1024, not 100000",
+            ]
+        );
+        let last = e.last().unwrap();
+        assert!(
+            last == "server.log_level 'verbose!!' is not a log filter: 'verbose!!' is neither a level (off, error, warn, info, debug, trace) nor target=level; for example \"info\" or \"warn,tensorgate=debug\"",
+            "{last}"
+        );
+        // The defaults, and the smallest values that work, pass.
+        assert!(parse_and_check("").is_ok());
+        assert!(parse_and_check(
+            "[server]\nlog_level = \"warn,tensorgate=debug\"\n[limits]\nrequest_timeout_ms = 1\n[fleet]\nrefresh_interval_ms = 100\n"
+        )
+        .is_ok());
+    }
+
     #[test]
     fn every_schema_error_is_reported_with_its_line() {
         let e = errors(
@@ -286,8 +492,8 @@ mod tests {
             e,
             [
                 "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`, `worker_threads`",
-                "line 6: invalid type: string \"big\", expected usize",
-                "line 10: invalid type: integer `5`, expected a string",
+                "line 6: limits.max_body_bytes: invalid type: string \"big\", expected usize",
+                "line 10: backends.url: invalid type: integer `5`, expected a string",
                 "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
             ]
         );
@@ -349,7 +555,7 @@ mod tests {
         assert!(e[0].starts_with("line 3: unknown field `lisen`"), "{e:?}");
         let e = errors("[limits]\nmax_body_bytes = \"x\"\n");
         assert!(
-            e[0].starts_with("line 2: invalid type: string \"x\""),
+            e[0].starts_with("line 2: limits.max_body_bytes: invalid type: string \"x\""),
             "{e:?}"
         );
     }
@@ -378,7 +584,10 @@ mod tests {
             ]
         );
         let e = errors("[[backends]]\nname = \"a\"\nurl = \"builtin\"\nencoding = \"xml\"\n");
-        assert!(e[0].starts_with("line 4: unknown variant `xml`"), "{e:?}");
+        assert!(
+            e[0].starts_with("line 4: backends.encoding: unknown variant `xml`"),
+            "{e:?}"
+        );
     }
 
     #[test]
