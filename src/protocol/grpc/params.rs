@@ -10,11 +10,15 @@ use crate::protocol::params::{check_count, ParamValue, Parameters};
 
 /// A non-negative int64 is the same value as an unsigned one: both read as `Uint`, which is
 /// how a JSON client's `"sequence_id": 42` reads too, so a sequence is the same key on
-/// either transport.
+/// either transport. A negative int64 `sequence_id` is its 64 bits read unsigned, as
+/// Triton casts it: tritonclient.grpc sends every integer id as int64, so this is how it
+/// reaches a sequence whose id is 2^63 or more.
 fn from_choice(key: &str, p: InferParameter) -> Result<ParamValue> {
     Ok(match p.parameter_choice {
         Some(ParameterChoice::BoolParam(b)) => ParamValue::Bool(b),
-        Some(ParameterChoice::Int64Param(i)) if i >= 0 => ParamValue::Uint(i as u64),
+        Some(ParameterChoice::Int64Param(i)) if i >= 0 || key == "sequence_id" => {
+            ParamValue::Uint(i as u64)
+        }
         Some(ParameterChoice::Int64Param(i)) => ParamValue::Int(i),
         Some(ParameterChoice::Uint64Param(u)) => ParamValue::Uint(u),
         Some(ParameterChoice::DoubleParam(f)) => ParamValue::Float(f),
@@ -63,4 +67,44 @@ pub fn params_to_proto(p: &Parameters) -> HashMap<String, InferParameter> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int64(i: i64) -> InferParameter {
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::Int64Param(i)),
+        }
+    }
+
+    /// A negative int64 sequence id is its bits unsigned (Triton's cast); for any other
+    /// parameter a negative number stays negative, and its checks refuse it.
+    #[test]
+    fn a_negative_int64_sequence_id_is_read_as_triton_casts_it() {
+        let p = params_from_proto(HashMap::from([
+            ("sequence_id".to_string(), int64(-1)),
+            ("timeout".to_string(), int64(-5)),
+            ("priority".to_string(), int64(3)),
+        ]))
+        .unwrap();
+        assert_eq!(p.get("sequence_id"), Some(&ParamValue::Uint(u64::MAX)));
+        assert_eq!(p.get("timeout"), Some(&ParamValue::Int(-5)));
+        assert_eq!(p.get("priority"), Some(&ParamValue::Uint(3)));
+        // Sorted by name, so that re-encoding is stable.
+        let names: Vec<&str> = p.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["priority", "sequence_id", "timeout"]);
+    }
+
+    #[test]
+    fn a_map_over_the_limit_is_refused_by_its_size() {
+        let many: HashMap<String, InferParameter> = (0..=crate::protocol::params::MAX_PARAMETERS)
+            .map(|i| (format!("p{i}"), int64(1)))
+            .collect();
+        assert_eq!(
+            params_from_proto(many).unwrap_err().to_string(),
+            "1025 parameters in one map; at most 1024 are accepted"
+        );
+    }
 }
