@@ -406,7 +406,8 @@ async fn server_and_model_metadata() {
             json!({
                 "name": "tensorgate",
                 "version": env!("CARGO_PKG_VERSION"),
-                "extensions": ["binary_tensor_data", "classification", "model_repository", "sequence", "statistics"],
+                // No backend has a model repository, so model_repository is not listed.
+                "extensions": ["binary_tensor_data", "classification", "sequence", "statistics"],
             })
         );
 

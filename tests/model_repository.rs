@@ -876,6 +876,73 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
         .expect_err("no backend has it");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
 
+    // What a load may carry: Triton's overrides are refused, not silently ignored; a body
+    // that is not a JSON object is the client's error.
+    let load = format!("{base}/v2/repository/models/a%2Bb%20x/load");
+    for (parameters, name) in [
+        (json!({"config": "{\"max_batch_size\": 1}"}), "config"),
+        (json!({"file:1/model.onnx": "AAAA"}), "file:1/model.onnx"),
+    ] {
+        let (status, answer) =
+            post_json(&client, &load, &json!({ "parameters": parameters })).await;
+        assert_eq!(
+            (status, answer["error"].as_str().unwrap()),
+            (400, format!("parameter '{name}' is not supported: tensorgate loads a model as its repository holds it (no configuration overrides or model files in the request)").as_str())
+        );
+    }
+    let r = client.post(&load).body("{bad").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let answer: Value = r.json().await.unwrap();
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the request body is not valid JSON: "),
+        "{answer}"
+    );
+    let e = grpc
+        .repository_model_load(pb::RepositoryModelLoadRequest {
+            model_name: odd.into(),
+            parameters: [("config".to_string(), Default::default())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an override is refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // The index lists what cannot serve too, unless asked for the ready ones only.
+    let (_, all) = post_json(&client, &format!("{base}/v2/repository/index"), &json!({})).await;
+    let (status, ready) = post_json(
+        &client,
+        &format!("{base}/v2/repository/index"),
+        &json!({"ready": true}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let states = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| format!("{}:{}", e["name"], e["state"]))
+            .collect()
+    };
+    assert!(
+        states(&all).contains(&"\"broken\":\"UNAVAILABLE\"".to_string()),
+        "{all}"
+    );
+    assert!(
+        states(&ready).iter().all(|s| s.ends_with(":\"READY\"")),
+        "{ready}"
+    );
+    assert_eq!(
+        post_json(
+            &client,
+            &format!("{base}/v2/repository/index"),
+            &json!({"ready": "x"})
+        )
+        .await,
+        (400, json!({"error": "'ready' must be a bool, not \"x\""}))
+    );
+
     // A built-in model cannot be unloaded (a load could not bring it back); loading it
     // does nothing. It serves throughout.
     let (status, answer) = post_json(

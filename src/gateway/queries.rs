@@ -216,6 +216,24 @@ pub async fn control(
     Ok(ControlReport { outcomes, refused })
 }
 
+/// The parameters of a load or unload. A load from the repository as it is needs none;
+/// Triton's overrides (`config`, a configuration to use instead of the repository's, and
+/// `file:<path>`, model files sent in the request) are refused rather than ignored: a 200
+/// would tell the client its override took effect. Others (`unload_dependents`) change
+/// nothing here and pass.
+pub fn check_control_parameters<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<(), GatewayError> {
+    for name in names {
+        if name == "config" || name.starts_with("file:") {
+            return Err(GatewayError::BadRequest(format!(
+                "parameter '{name}' is not supported: tensorgate loads a model as its repository holds it (no configuration overrides or model files in the request)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The statistics extension, from the gateway's point of view (see `observe::Stats`):
 /// `{"model_stats": [...]}`.
 pub fn stats(

@@ -295,8 +295,10 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        self.control(&req.get_ref().model_name, RepositoryAction::Load)
-            .await?;
+        let r = req.get_ref();
+        queries::check_control_parameters(r.parameters.keys().map(String::as_str))
+            .map_err(|e| e.to_grpc())?;
+        self.control(&r.model_name, RepositoryAction::Load).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -304,7 +306,10 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        self.control(&req.get_ref().model_name, RepositoryAction::Unload)
+        let r = req.get_ref();
+        queries::check_control_parameters(r.parameters.keys().map(String::as_str))
+            .map_err(|e| e.to_grpc())?;
+        self.control(&r.model_name, RepositoryAction::Unload)
             .await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }

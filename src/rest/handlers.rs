@@ -54,9 +54,23 @@ pub fn model_ready(
     ))
 }
 
-pub fn repository_index(gw: &Gateway) -> Response<Body> {
+/// The fleet's index; `{"ready": true}` lists only the models that can serve, as Triton.
+pub fn repository_index(
+    gw: &Gateway,
+    body: Option<&serde_json::Value>,
+) -> Result<Response<Body>, GatewayError> {
+    let ready_only = match body.and_then(|b| b.get("ready")) {
+        None => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(GatewayError::BadRequest(format!(
+                "'ready' must be a bool, not {other}"
+            )))
+        }
+    };
     let list: Vec<serde_json::Value> = queries::repository_index(gw)
         .iter()
+        .filter(|e| !ready_only || e.ready())
         .map(|e| {
             let mut v = json!({ "name": e.name, "state": e.state, "backends": e.backends });
             if let Some(version) = &e.version {
@@ -68,7 +82,7 @@ pub fn repository_index(gw: &Gateway) -> Response<Body> {
             v
         })
         .collect();
-    status_json(StatusCode::OK, serde_json::Value::Array(list))
+    Ok(status_json(StatusCode::OK, serde_json::Value::Array(list)))
 }
 
 /// A load or unload across the fleet: 200 when every backend with a repository did it; 400
@@ -78,7 +92,18 @@ pub async fn repository_control(
     gw: &Gateway,
     model: &str,
     action: RepositoryAction,
+    body: Option<&serde_json::Value>,
 ) -> Result<Response<Body>, GatewayError> {
+    let names = match body.and_then(|b| b.get("parameters")) {
+        None => Vec::new(),
+        Some(serde_json::Value::Object(p)) => p.keys().map(String::as_str).collect(),
+        Some(other) => {
+            return Err(GatewayError::BadRequest(format!(
+                "'parameters' must be an object, not {other}"
+            )))
+        }
+    };
+    queries::check_control_parameters(names)?;
     let report = queries::control(gw, model, action).await?;
     let status = match (report.failed().is_empty(), report.refused) {
         (true, _) => StatusCode::OK,

@@ -167,9 +167,13 @@ where
         Route::ServerMetadata => Ok(handlers::server_metadata(gw)),
         Route::Live => Ok(handlers::live()),
         Route::Ready => handlers::ready(gw),
-        Route::RepositoryIndex => Ok(handlers::repository_index(gw)),
+        Route::RepositoryIndex => {
+            let body = control_body(gw, req).await?;
+            handlers::repository_index(gw, body.as_ref())
+        }
         Route::RepositoryControl { model, action } => {
-            handlers::repository_control(gw, &model, action).await
+            let body = control_body(gw, req).await?;
+            handlers::repository_control(gw, &model, action, body.as_ref()).await
         }
         Route::Stats { model, version } => {
             handlers::stats(gw, model.as_deref(), version.as_deref())
@@ -184,20 +188,57 @@ where
             check_content_encoding(&req)?;
             let config = gw.config();
             let (parts, body) = req.into_parts();
-            let body = tokio::time::timeout(
-                Duration::from_millis(config.limits.body_read_timeout_ms),
-                read_body(body, config.limits.max_body_bytes),
-            )
-            .await
-            .map_err(|_| {
-                GatewayError::RequestTimeout(format!(
-                    "the request body did not arrive within {} ms (limits.body_read_timeout_ms)",
-                    config.limits.body_read_timeout_ms
-                ))
-            })??;
+            let body = read_in_time(&config, body, config.limits.max_body_bytes).await?;
             obs.bytes_in = body.len() as u64;
             infer::infer(gw, &config, &model, version.as_deref(), &parts, body, obs).await
         }
+    }
+}
+
+/// Reads a whole body within `limits.body_read_timeout_ms`, refusing more than `max` bytes.
+async fn read_in_time<B>(
+    config: &crate::config::Config,
+    body: B,
+    max: usize,
+) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let timeout = config.limits.body_read_timeout_ms;
+    tokio::time::timeout(Duration::from_millis(timeout), read_body(body, max))
+        .await
+        .map_err(|_| {
+            GatewayError::RequestTimeout(format!(
+                "the request body did not arrive within {timeout} ms (limits.body_read_timeout_ms)"
+            ))
+        })?
+}
+
+/// The JSON object a repository request may carry (`{"ready": true}` for the index,
+/// `{"parameters": {...}}` for a load), or `None` for an empty body. Such bodies are small:
+/// 64 KiB at most.
+async fn control_body<B>(
+    gw: &Gateway,
+    req: Request<B>,
+) -> Result<Option<serde_json::Value>, GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    check_content_encoding(&req)?;
+    let bytes = read_in_time(&gw.config(), req.into_body(), 64 << 10).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(Some(v)),
+        Ok(_) => Err(GatewayError::BadRequest(
+            "the request body must be a JSON object".into(),
+        )),
+        Err(e) => Err(GatewayError::BadRequest(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
     }
 }
 
