@@ -579,6 +579,26 @@ async fn serve_runs_repository_models_in_process() {
             && error.ends_with(": 1 and 2 (input 'B')"),
         "{error}"
     );
+    // The configuration endpoint states config.pbtxt's batch limit, which the gateway
+    // enforces; a model without batching states 0.
+    let (status, config) = get_json(&client, &format!("{}/v2/models/mlp/config", base(&gw))).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        config,
+        json!({
+            "name": "mlp",
+            "platform": "onnxruntime_onnx",
+            "max_batch_size": 8,
+            "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [16]}],
+            "output": [{"name": "PROBS", "data_type": "TYPE_FP32", "dims": [10], "label_filename": "PROBS.labels"}],
+        })
+    );
+    let (_, config) = get_json(
+        &client,
+        &format!("{}/v2/models/intbool/versions/1/config", base(&gw)),
+    )
+    .await;
+    assert_eq!(config["max_batch_size"], 0, "{config}");
     gw.shutdown().await;
 
     // The command line: --model-repository needs the built-in backend.
@@ -875,6 +895,29 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
         .await
         .expect_err("no backend has it");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+
+    // The batch limit of a worker's model reaches a gateway's clients over REST and gRPC
+    // (the worker states it at its configuration endpoint).
+    let (status, config) = get_json(&client, &format!("{base}/v2/models/mlp/config")).await;
+    assert_eq!(
+        (status, &config["max_batch_size"]),
+        (200, &json!(8)),
+        "{config}"
+    );
+    let grpc_config = grpc
+        .model_config(pb::ModelConfigRequest {
+            name: "mlp".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(grpc_config.max_batch_size, 8);
+    // A demo model states no limit: the largest value, as before.
+    let (_, config) = get_json(&client, &format!("{base}/v2/models/simple/config")).await;
+    assert_eq!(config["max_batch_size"], i32::MAX, "{config}");
 
     // What a load may carry: Triton's overrides are refused, not silently ignored; a body
     // that is not a JSON object is the client's error.

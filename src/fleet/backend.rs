@@ -175,6 +175,11 @@ pub trait Backend: Send + Sync {
     fn labels(&self, _model: &str, _output: &str) -> Option<std::sync::Arc<Vec<String>>> {
         None
     }
+    /// The largest batch `model` takes, where the backend says (Triton's and tensorgate's
+    /// model configuration); `None` when it does not, or cannot be asked.
+    fn max_batch_size<'a>(&'a self, _model: &'a str) -> BoxFuture<'a, Option<u32>> {
+        Box::pin(async { None })
+    }
     /// Loads (reading it again from the repository) or unloads one model, for a server that
     /// lists the `model_repository` extension.
     fn control<'a>(

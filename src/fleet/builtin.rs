@@ -315,6 +315,15 @@ impl Backend for BuiltinBackend {
         self.models.load().get(model)?.model.labels(output)
     }
 
+    fn max_batch_size<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<u32>> {
+        let known = self
+            .models
+            .load()
+            .get(model)
+            .and_then(|slot| slot.model.max_batch_size());
+        Box::pin(async move { known })
+    }
+
     fn control<'a>(
         &'a self,
         model: &'a str,

@@ -499,6 +499,18 @@ impl Backend for HttpBackend {
         })
     }
 
+    /// From the server's model configuration (`GET /v2/models/{m}/config`, Triton's and
+    /// tensorgate's); a server without that endpoint (MLServer, KServe) has no answer.
+    fn max_batch_size<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let path = format!("/v2/models/{}/config", path_segment(model));
+            let config: serde_json::Value = self.get_json(&path).await.ok()?;
+            config["max_batch_size"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+        })
+    }
+
     fn control<'a>(
         &'a self,
         model: &'a str,

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod core;
 pub mod labels;
 pub mod layers;
+pub mod model_config;
 pub mod observe;
 pub mod queries;
 

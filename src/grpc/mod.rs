@@ -9,7 +9,6 @@ mod body;
 pub mod codec;
 mod health;
 mod infer;
-mod model_config;
 mod routes;
 mod statistics;
 mod unary;
@@ -28,8 +27,8 @@ use crate::error::GatewayError;
 use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::layers::{Auth, AuthLayer, Policy, Shed, ShedLayer};
-use crate::gateway::queries;
 use crate::gateway::Gateway;
+use crate::gateway::{model_config, queries};
 use crate::protocol::grpc::pb;
 
 pub use routes::GrpcRoutes;
@@ -255,10 +254,11 @@ impl GrpcInferenceService for GrpcFront {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = req.into_inner();
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
-        let entry = lookup(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
-        let labels = self.gw.labels.load();
+        let config = model_config::model_config(&self.gw, &r.name, version)
+            .await
+            .map_err(|e| e.to_grpc())?;
         Ok(Response::new(pb::ModelConfigResponse {
-            config: Some(model_config::from_metadata(&entry.metadata, &labels)),
+            config: Some(config),
         }))
     }
 

@@ -52,6 +52,11 @@ pub trait Model: Send + Sync {
     ) -> Result<Vec<Tensor>, ModelError> {
         self.infer(req)
     }
+    /// The largest batch the model takes (config.pbtxt's `max_batch_size`; 0: no batch
+    /// dimension), where the model knows it. `None`: not known (the demo models take any).
+    fn max_batch_size(&self) -> Option<u32> {
+        None
+    }
     /// Classification labels the model carries for `output`, if any.
     /// Shared, since the gateway asks on every request it classifies.
     fn labels(&self, _output: &str) -> Option<Arc<Vec<String>>> {

@@ -226,6 +226,10 @@ impl OnnxModel {
 }
 
 impl Model for OnnxModel {
+    fn max_batch_size(&self) -> Option<u32> {
+        Some(self.max_batch_size)
+    }
+
     fn metadata(&self) -> &ModelMetadata {
         &self.meta
     }

@@ -123,3 +123,46 @@ pub fn stats(
         queries::stats(gw, model, version)?,
     ))
 }
+
+/// The model configuration as Triton's HTTP endpoint writes it (field names of
+/// model_config.proto, `TYPE_*` names, dims as numbers), with the fields the gateway knows.
+pub async fn model_config(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    use crate::protocol::grpc::pb;
+    let c = crate::gateway::model_config::model_config(gw, model, version).await?;
+    let data_type = |t: i32| {
+        pb::DataType::try_from(t)
+            .unwrap_or(pb::DataType::TypeInvalid)
+            .as_str_name()
+    };
+    let inputs: Vec<serde_json::Value> = c
+        .input
+        .iter()
+        .map(|t| json!({"name": t.name, "data_type": data_type(t.data_type), "dims": t.dims}))
+        .collect();
+    let outputs: Vec<serde_json::Value> = c
+        .output
+        .iter()
+        .map(|t| {
+            let mut v =
+                json!({"name": t.name, "data_type": data_type(t.data_type), "dims": t.dims});
+            if !t.label_filename.is_empty() {
+                v["label_filename"] = json!(t.label_filename);
+            }
+            v
+        })
+        .collect();
+    Ok(status_json(
+        StatusCode::OK,
+        json!({
+            "name": c.name,
+            "platform": c.platform,
+            "max_batch_size": c.max_batch_size,
+            "input": inputs,
+            "output": outputs,
+        }),
+    ))
+}

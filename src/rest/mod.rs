@@ -184,6 +184,9 @@ where
         Route::ModelReady { model, version } => {
             handlers::model_ready(gw, &model, version.as_deref())
         }
+        Route::ModelConfig { model, version } => {
+            handlers::model_config(gw, &model, version.as_deref()).await
+        }
         Route::Infer { model, version } => {
             check_content_encoding(&req)?;
             let config = gw.config();

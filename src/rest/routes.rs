@@ -17,6 +17,11 @@ pub enum Route {
         model: String,
         version: Option<String>,
     },
+    /// Triton's model configuration endpoint (`.../config`).
+    ModelConfig {
+        model: String,
+        version: Option<String>,
+    },
     Infer {
         model: String,
         version: Option<String>,
@@ -98,6 +103,7 @@ fn model_route(rest: &[&str]) -> Option<(Route, Method)> {
     Some(match tail {
         [] => (Route::ModelMetadata { model, version }, Method::GET),
         ["ready"] => (Route::ModelReady { model, version }, Method::GET),
+        ["config"] => (Route::ModelConfig { model, version }, Method::GET),
         ["infer"] => (Route::Infer { model, version }, Method::POST),
         ["stats"] => (
             Route::Stats {
@@ -166,6 +172,21 @@ mod tests {
         assert_eq!(
             route(&Method::GET, "/v2/models/x/versions/1/foo"),
             Err(RouteError::NotFound)
+        );
+    }
+
+    #[test]
+    fn the_configuration_endpoint() {
+        assert_eq!(
+            route(&Method::GET, "/v2/models/mlp/versions/2/config"),
+            Ok(Route::ModelConfig {
+                model: "mlp".into(),
+                version: Some("2".into())
+            })
+        );
+        assert_eq!(
+            route(&Method::POST, "/v2/models/mlp/config"),
+            Err(RouteError::MethodNotAllowed(Method::GET))
         );
     }
 

@@ -140,6 +140,18 @@ def test_classification_labels_and_order(client, onnx_worker, binary):
         np.testing.assert_allclose([float(x[0]) for x in parts], p[top], rtol=RTOL, atol=2e-6)
 
 
+def test_model_config_states_the_batch_limit(client, worker_client):
+    """tritonclient.http's get_model_config, on the worker and through a gateway: the
+    config.pbtxt's max_batch_size and the dims without the batch dimension; the worker,
+    which holds the model's labels, names a label file."""
+    config = client.get_model_config("mlp")
+    assert config["max_batch_size"] == 8, config
+    assert config["input"] == [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [16]}]
+    assert config["output"][0]["dims"] == [10]
+    assert client.get_model_config("intbool")["max_batch_size"] == 0
+    assert worker_client.get_model_config("mlp")["output"][0]["label_filename"]
+
+
 def test_repository_index_and_metadata(worker_client):
     index = worker_client.get_model_repository_index()
     states = {(m["name"], m.get("version")): m for m in index}

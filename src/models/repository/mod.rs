@@ -363,6 +363,10 @@ impl Model for VersionedModel {
     fn instances(&self) -> Option<usize> {
         self.latest().instances()
     }
+
+    fn max_batch_size(&self) -> Option<u32> {
+        self.latest().max_batch_size()
+    }
 }
 
 #[cfg(test)]

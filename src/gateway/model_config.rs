@@ -1,9 +1,54 @@
-//! ModelConfig from what the gateway knows of a model: its v2 metadata and configured
-//! labels. Enough for client scripts that read `max_batch_size`, the inputs and outputs.
+//! ModelConfig from what the gateway knows of a model: its v2 metadata, configured labels,
+//! and the batch limit a backend states. Enough for client scripts that read
+//! `max_batch_size`, the inputs and outputs; served as gRPC's ModelConfig and REST's
+//! `GET /v2/models/{m}/config`.
 
+use std::time::Duration;
+
+use super::core::lookup;
+use super::Gateway;
+use crate::error::GatewayError;
 use crate::gateway::labels::Labels;
 use crate::protocol::grpc::pb;
 use crate::protocol::{DataType, ModelMetadata, TensorMetadata};
+
+/// The model's configuration. For a batching model, the limit comes from the first backend
+/// that serves it and states one (an in-process model's config.pbtxt, a tensorgate worker's
+/// or Triton's configuration endpoint); without one it is `UNKNOWN_MAX_BATCH`.
+pub async fn model_config(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+) -> Result<pb::ModelConfig, GatewayError> {
+    let entry = lookup(gw, model, version)?;
+    let mut config = from_metadata(&entry.metadata, &gw.labels.load());
+    // Labels an in-process model carries (its config.pbtxt's label_filename) classify as
+    // configured ones do.
+    for output in config
+        .output
+        .iter_mut()
+        .filter(|o| o.label_filename.is_empty())
+    {
+        if entry
+            .ready
+            .iter()
+            .any(|h| h.backend.labels(model, &output.name).is_some())
+        {
+            output.label_filename = label_file(&output.name);
+        }
+    }
+    if config.max_batch_size == UNKNOWN_MAX_BATCH {
+        let wait = Duration::from_millis(gw.config().fleet.probe_timeout_ms);
+        for backend in entry.ready.iter().take(2) {
+            let stated = tokio::time::timeout(wait, backend.backend.max_batch_size(model)).await;
+            if let Ok(Some(n)) = stated.map(|n| n.filter(|n| *n > 0)) {
+                config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
+                break;
+            }
+        }
+    }
+    Ok(config)
+}
 
 /// A batch dimension is what Triton shows as a leading -1 in v2 metadata when its
 /// `max_batch_size > 0`; the real limit is the backend's and v2 metadata does not carry it,
@@ -30,6 +75,12 @@ fn data_type(datatype: &str) -> i32 {
         None => pb::DataType::TypeInvalid,
     };
     t as i32
+}
+
+/// The name a configuration shows for an output's labels: the gateway holds the labels, not
+/// the file they came from.
+fn label_file(output: &str) -> String {
+    format!("{output}.labels")
 }
 
 /// Whether every tensor of the model starts with a batch dimension.
@@ -69,7 +120,7 @@ pub fn from_metadata(m: &ModelMetadata, labels: &Labels) -> pb::ModelConfig {
                 data_type: data_type(&t.datatype),
                 dims: dims(t),
                 label_filename: if labels.is_configured(&m.name, &t.name) {
-                    format!("{}.labels", t.name)
+                    label_file(&t.name)
                 } else {
                     String::new()
                 },
