@@ -134,6 +134,25 @@ impl Parameters {
         Some(self.0.remove(pos).1)
     }
 
+    /// Refuses a value the protocol does not define for a client's parameters (a
+    /// parameter is a string, a number or a bool): an array, an object or null. They are
+    /// kept from a backend (MLServer sends objects), never taken from a client, whose
+    /// request may go on to a backend that cannot read them, and over gRPC, which cannot
+    /// carry them.
+    pub fn check_scalar(&self) -> Result<()> {
+        match self
+            .0
+            .iter()
+            .find(|(_, v)| matches!(v, ParamValue::Json(_)))
+        {
+            None => Ok(()),
+            Some((key, v)) => Err(ProtocolError::invalid(format!(
+                "parameter '{key}' must be a string, a number or a bool, not {}",
+                v.type_name()
+            ))),
+        }
+    }
+
     /// A bool parameter; any other type is an error naming the parameter.
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {

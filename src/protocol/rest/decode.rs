@@ -275,6 +275,9 @@ fn build_tensor(
     let shape = parse_shape(w.shape)?;
     let count = checked_element_count(&shape, limits.max_tensor_elements)?;
     let mut parameters = w.parameters;
+    if tolerated.is_none() {
+        parameters.check_scalar()?;
+    }
     let binary_size = parameters.get_uint("binary_data_size")?;
     parameters.remove("binary_data_size");
     let data = match (w.data, binary_size) {
@@ -385,6 +388,7 @@ pub fn decode_request(
 }
 
 fn request_from_wire(wire: WireRequest<'_>, binary: Bytes, limits: &Limits) -> Result<RequestBody> {
+    wire.parameters.check_scalar()?;
     let options = RequestOptions::from_parameters(&wire.parameters)?;
     let outputs = match wire.outputs {
         // An empty list asks for nothing in particular: every output, as Triton reads it and
@@ -395,7 +399,10 @@ fn request_from_wire(wire: WireRequest<'_>, binary: Bytes, limits: &Limits) -> R
             check_unique(list.iter().map(|o| o.name.as_str()), Role::Output)?;
             let mut out = Vec::with_capacity(list.len());
             for o in list {
-                let options = OutputOptions::from_parameters(&o.parameters)
+                let options = o
+                    .parameters
+                    .check_scalar()
+                    .and_then(|()| OutputOptions::from_parameters(&o.parameters))
                     .map_err(|e| e.in_tensor(Role::Output, &o.name))?;
                 out.push(RequestedOutput {
                     name: o.name,
@@ -594,6 +601,30 @@ mod tests {
 
     fn input(fields: &str) -> String {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    /// A client's parameter is a string, a number or a bool, wherever it is.
+    #[test]
+    fn parameters_of_other_types_are_refused() {
+        let tensor = r#"{"name":"X","shape":[1],"datatype":"INT32","data":[1]"#;
+        assert_eq!(
+            err(&format!(
+                r#"{{"parameters":{{"x":[1,2]}},"inputs":[{tensor}}}]}}"#
+            )),
+            "parameter 'x' must be a string, a number or a bool, not an array"
+        );
+        assert_eq!(
+            err(&format!(
+                r#"{{"inputs":[{tensor},"parameters":{{"q":{{"a":1}}}}}}]}}"#
+            )),
+            "input 'X': parameter 'q' must be a string, a number or a bool, not an object"
+        );
+        assert_eq!(
+            err(&format!(
+                r#"{{"inputs":[{tensor}}}],"outputs":[{{"name":"Y","parameters":{{"n":null}}}}]}}"#
+            )),
+            "output 'Y': parameter 'n' must be a string, a number or a bool, not null"
+        );
     }
 
     #[test]
