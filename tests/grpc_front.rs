@@ -98,7 +98,7 @@ async fn simple_infers_with_raw_and_typed_contents() {
     assert_status(
         c.model_infer(fanout).await,
         Code::ResourceExhausted,
-        "the message repeats its field 6 more than 4096 times",
+        "field 6 of the message repeats more than 4096 times",
     );
 
     gw.shutdown().await;

@@ -224,7 +224,7 @@ fn corpus() -> Vec<Case> {
         "array top level",
         b"[]".to_vec(),
         400,
-        "invalid JSON request",
+        "the request must be a JSON object, not an array",
     ));
     v.push(case(
         "inputs not an array",

@@ -261,10 +261,21 @@ async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
     assert!(entry(&index, "mlp", "1").is_none());
     assert_eq!(entry(&index, "intbool", "1").unwrap()["state"], "READY");
     assert_eq!(entry(&index, "simple", "1").unwrap()["state"], "READY");
+    // Not served, and the error says why rather than that the name is unknown.
     let (status, body) = get_json(&client, &format!("{}/v2/models/broken", w.url)).await;
     assert_eq!(
         (status, &body["error"]),
-        (404, &json!("unknown model 'broken'"))
+        (
+            404,
+            &json!(format!(
+                "model 'broken' is not available: UNAVAILABLE on backend 'builtin' version 1: {reason}"
+            ))
+        )
+    );
+    let (status, body) = get_json(&client, &format!("{}/v2/models/nosuch", w.url)).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (404, &json!("unknown model 'nosuch'"))
     );
     let (status, _) = get_json(&client, &format!("{}/v2/health/ready", w.url)).await;
     assert_eq!(status, 200);

@@ -618,7 +618,7 @@ def _contents_errors():
         ("raw-size", "identity_int32", [("INPUT0", "INT32", [1, 16], i32[:, :15], None)], True,
          "input 'INPUT0': raw_input_contents has 60 bytes but shape [1,16] of INT32 needs 64"),
         ("raw-entries", "simple", [("INPUT0", "INT32", [1, 16], i32, None), ("INPUT1", "INT32", [1, 16], None, None)], True,
-         "raw_input_contents has 1 entries for 2 inputs; it needs one per input, in order"),
+         "raw_input_contents has 1 entries for 2 inputs; it needs one per input, in order (every input raw, or every input typed in contents, never a mix)"),
         ("both", "identity_int32", [("INPUT0", "INT32", [1, 16], i32, {"int_contents": list(range(16))})], True,
          "input 'INPUT0': has both typed contents and raw_input_contents"),
         ("neither", "identity_int32", [("INPUT0", "INT32", [1, 16], None, None)], False,

@@ -18,7 +18,7 @@ pub fn lookup(
                 "tensorgate has not finished discovering its backends".into(),
             ));
         }
-        return Err(GatewayError::NotFound(format!("unknown model '{model}'")));
+        return Err(GatewayError::NotFound(not_served(gw, model)));
     };
     // A version in the path must be one the model lists. A model that lists none (KServe's,
     // MLServer's without a version) is refused any: metadata and readiness could not vouch
@@ -38,4 +38,41 @@ pub fn lookup(
         }
     }
     Ok(entry.clone())
+}
+
+/// Why a model is not in the catalog: unknown, or known to a backend's repository that
+/// cannot serve it (a failed load, an unload), with the backend's reason: a user who just
+/// loaded a broken model learns why, not only that the name is unknown.
+fn not_served(gw: &Gateway, model: &str) -> String {
+    let reasons: Vec<String> = gw
+        .fleet
+        .backends()
+        .iter()
+        .flat_map(|h| {
+            let state = h.state.load();
+            state
+                .unavailable
+                .iter()
+                .filter(|e| e.name == model)
+                .map(|e| {
+                    let version = e
+                        .version
+                        .as_deref()
+                        .map(|v| format!(" version {v}"))
+                        .unwrap_or_default();
+                    format!(
+                        "{} on backend '{}'{version}: {}",
+                        e.state.as_str(),
+                        h.name,
+                        e.reason
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if reasons.is_empty() {
+        format!("unknown model '{model}'")
+    } else {
+        format!("model '{model}' is not available: {}", reasons.join("; "))
+    }
 }

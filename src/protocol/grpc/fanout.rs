@@ -47,7 +47,7 @@ pub fn check_fanout(mut bytes: &[u8]) -> Result<()> {
         };
         if count > MAX_REPEATED {
             return Err(ProtocolError::too_large(format!(
-                "the message repeats its field {field} more than {MAX_REPEATED} times"
+                "field {field} of the message repeats more than {MAX_REPEATED} times"
             )));
         }
         // Distinct field numbers are few in a real message; many is itself a sign of abuse.
@@ -85,7 +85,7 @@ mod tests {
         let over: Vec<u8> = [0x2a, 0x00].repeat(MAX_REPEATED + 1);
         assert_eq!(
             check_fanout(&over).unwrap_err().to_string(),
-            "the message repeats its field 5 more than 4096 times"
+            "field 5 of the message repeats more than 4096 times"
         );
         // Varints, fixed widths and a truncated tail are read past, not refused.
         assert!(

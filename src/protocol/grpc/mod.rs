@@ -44,7 +44,7 @@ pub fn decode_infer_request(msg: pb::ModelInferRequest, limits: &Limits) -> Resu
     let raw = msg.raw_input_contents;
     if !raw.is_empty() && raw.len() != msg.inputs.len() {
         return Err(ProtocolError::invalid(format!(
-            "raw_input_contents has {} entries for {} inputs; it needs one per input, in order",
+            "raw_input_contents has {} entries for {} inputs; it needs one per input, in order (every input raw, or every input typed in contents, never a mix)",
             raw.len(),
             msg.inputs.len()
         )));

@@ -161,7 +161,8 @@ fn describe_json_error(
                 Some(n) => format!("{role} '{n}'"),
                 None => format!("{role} {idx}"),
             };
-            return ProtocolError::invalid(match field {
+            // `?`: a syntax error stopped serde before it knew the field.
+            return ProtocolError::invalid(match field.filter(|f| *f != "?") {
                 Some(f) => format!("{who}: field '{f}': {inner}{hint}"),
                 None => format!("{who}: {inner}{hint}"),
             });
@@ -175,6 +176,25 @@ fn describe_json_error(
             "invalid JSON {what}: field '{path}': {inner}{hint}"
         ))
     }
+}
+
+/// What a well-formed JSON document that is not an object is, for the error that says so.
+#[cold]
+fn not_an_object(json: &[u8]) -> Option<&'static str> {
+    let first = json.iter().find(|b| !b.is_ascii_whitespace())?;
+    if *first == b'{' {
+        return None;
+    }
+    Some(
+        match serde_json::from_slice::<serde_json::Value>(json).ok()? {
+            serde_json::Value::Array(_) => "an array",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::Bool(_) => "a bool",
+            serde_json::Value::Null => "null",
+            serde_json::Value::Object(_) => return None,
+        },
+    )
 }
 
 /// Python's json.dumps writes bare NaN and Infinity, which are not JSON; say what to send.
@@ -382,7 +402,20 @@ pub fn decode_request(
     check_json_size(&json, "request", limits)?;
     let wire: WireRequest = match super::fast_request::parse_request(&json, limits) {
         Some(w) => w,
-        None => parse_json(&json, "request", limits)?,
+        None => parse_json(&json, "request", limits).map_err(|e| {
+            if let Some(kind) = not_an_object(&json) {
+                return ProtocolError::invalid(format!(
+                    "the request must be a JSON object, not {kind}"
+                ));
+            }
+            if header_length.is_none() && e.message().contains("trailing characters") {
+                return ProtocolError::invalid(format!(
+                    "{}; a body with binary tensors after its JSON needs the Inference-Header-Content-Length header (the JSON part's length)",
+                    e.message()
+                ));
+            }
+            e
+        })?,
     };
     request_from_wire(wire, binary, limits)
 }
@@ -601,6 +634,29 @@ mod tests {
 
     fn input(fields: &str) -> String {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    /// Errors that say what is wrong with the body as a whole.
+    #[test]
+    fn a_body_that_is_not_a_request_says_why() {
+        assert_eq!(
+            err("[1,2]"),
+            "the request must be a JSON object, not an array"
+        );
+        assert_eq!(err(" 7"), "the request must be a JSON object, not a number");
+        let truncated = err(r#"{"inputs":[{"name":"INPUT0","#);
+        assert!(
+            truncated.starts_with("input 0: EOF while parsing a value"),
+            "{truncated}"
+        );
+        let binary_without_header = err(&format!(
+            "{}\u{1}\u{2}",
+            input(r#""datatype":"INT8","shape":[2],"parameters":{"binary_data_size":2}"#)
+        ));
+        assert!(
+            binary_without_header.ends_with("; a body with binary tensors after its JSON needs the Inference-Header-Content-Length header (the JSON part's length)"),
+            "{binary_without_header}"
+        );
     }
 
     /// A client's parameter is a string, a number or a bool, wherever it is.
