@@ -321,12 +321,24 @@ async fn triton_is_found_by_its_index_and_its_unavailable_models_are_not_served(
         .collect();
     assert_eq!(versions, ["1", "2"]);
     // Unloaded and failed models are listed UNAVAILABLE, a never-loaded one by name only:
-    // Triton refuses their metadata, and the gateway does not make them up.
-    for m in ["unloaded_model", "broken_model", "never_loaded_model"] {
-        env.get(&format!("/v2/models/{m}"))
-            .await
-            .assert_error(404, &format!("unknown model '{m}'"));
-    }
+    // Triton refuses their metadata, and the gateway does not make them up. It says why
+    // where Triton's index does.
+    env.get("/v2/models/unloaded_model").await.assert_error(
+        404,
+        "model 'unloaded_model' is not available: UNAVAILABLE on backend 'backend-0' version 1: unloaded",
+    );
+    let broken = env.get("/v2/models/broken_model").await;
+    assert_eq!(broken.status, 404);
+    let error = broken.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        error.starts_with(
+            "model 'broken_model' is not available: UNAVAILABLE on backend 'backend-0' version 1: "
+        ) && error.contains("Protobuf parsing failed"),
+        "{error}"
+    );
+    env.get("/v2/models/never_loaded_model")
+        .await
+        .assert_error(404, "unknown model 'never_loaded_model'");
     // Only indexed models were asked about.
     let probed = seen.lock().unwrap().clone();
     assert!(
