@@ -313,7 +313,13 @@ async fn load_reads_the_repository_again_and_unload_unloads() {
     let (status, _) = post_json(&client, &unload("cnn2"), &json!({})).await;
     assert_eq!(status, 200);
     let r = post_infer(&client, &w.url, "cnn2", &image).await;
-    assert_eq!((r.status, r.error()), (404, Some("unknown model 'cnn2'")));
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            404,
+            Some("model 'cnn2' is not available: UNAVAILABLE on backend 'builtin': unloaded")
+        )
+    );
     let idx = index(&client, &w.url).await;
     let e = idx.iter().find(|e| e["name"] == "cnn2").unwrap();
     assert_eq!(
