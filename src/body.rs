@@ -14,6 +14,18 @@ use crate::error::GatewayError;
 use crate::protocol::EncodedBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How much of a body's declared length (Content-Length, a gRPC frame's length) is reserved
+/// before the bytes arrive; past it, the buffer grows with what does arrive. The declared
+/// length is the client's word: reserving all of it at once let streams that declared
+/// 256 MiB and sent a byte each claim gigabytes, and where the host limits memory the
+/// failed allocation aborts the process.
+const RESERVE_UP_TO: usize = 8 << 20;
+
+/// The first capacity of a buffer for a body that declares `declared` bytes.
+pub fn initial_capacity(declared: usize) -> usize {
+    declared.min(RESERVE_UP_TO)
+}
 pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 /// A body of known length made of several buffers, sent one frame per buffer.
@@ -101,4 +113,16 @@ pub fn encoded_response(body: EncodedBody) -> Response<Body> {
     }
     r.body(PartsBody::new(body.parts).boxed_unsync())
         .expect("valid response parts")
+}
+
+#[cfg(test)]
+mod reserve_tests {
+    use super::*;
+
+    #[test]
+    fn a_declared_length_is_reserved_up_to_a_bound() {
+        assert_eq!(initial_capacity(10), 10);
+        assert_eq!(initial_capacity(RESERVE_UP_TO), RESERVE_UP_TO);
+        assert_eq!(initial_capacity(256 << 20), 8 << 20);
+    }
 }

@@ -355,11 +355,22 @@ async fn load_reads_the_repository_again_and_unload_unloads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_and_unload_fan_out_through_a_gateway() {
     let (repo_a, repo_b) = (repository("onnx-fan-a"), repository("onnx-fan-b"));
+    // The same model, with a smaller batch limit on one of the two workers.
+    let config = repo_b.path("mlp").join("config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("max_batch_size: 8", "max_batch_size: 4"),
+    )
+    .unwrap();
     let a = worker("wa", &repo_a.0).await;
     let b = worker("wb", &repo_b.0).await;
     let gw = gateway_over(&[("wa", &a.url), ("wb", &b.url)]).await;
     let base = base(&gw);
     let client = http_client();
+    // A request may go to either: the batch both take is the smaller limit.
+    let (_, mlp_config) = get_json(&client, &format!("{base}/v2/models/mlp/config")).await;
+    assert_eq!(mlp_config["max_batch_size"], 4, "{mlp_config}");
 
     // A model both repositories gain: loaded everywhere, served at once (the refresh
     // interval is a minute: the load itself refreshed the catalog).

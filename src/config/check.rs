@@ -298,6 +298,9 @@ fn check_bounds(config: &Config) -> Vec<String> {
 /// is a misspelt level ("verbose", "warning"), so it is refused.
 fn check_log_filter(filter: &str) -> Result<(), String> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    if filter.trim().is_empty() {
+        return Err("it is empty, which logs nothing".into());
+    }
     tracing_subscriber::EnvFilter::builder()
         .parse(filter)
         .map_err(|e| e.to_string())?;
@@ -476,6 +479,10 @@ mod tests {
             "{last}"
         );
         // The defaults, and the smallest values that work, pass.
+        assert_eq!(
+            errors("[server]\nlog_level = \" \"\n"),
+            ["server.log_level ' ' is not a log filter: it is empty, which logs nothing; for example \"info\" or \"warn,tensorgate=debug\""]
+        );
         assert!(parse_and_check("").is_ok());
         assert!(parse_and_check(
             "[server]\nlog_level = \"warn,tensorgate=debug\"\n[limits]\nrequest_timeout_ms = 1\n[fleet]\nrefresh_interval_ms = 100\n"

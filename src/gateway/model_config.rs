@@ -12,9 +12,9 @@ use crate::gateway::labels::Labels;
 use crate::protocol::grpc::pb;
 use crate::protocol::{DataType, ModelMetadata, TensorMetadata};
 
-/// The model's configuration. For a batching model, the limit comes from the first backend
-/// that serves it and states one (an in-process model's config.pbtxt, a tensorgate worker's
-/// or Triton's configuration endpoint); without one it is `UNKNOWN_MAX_BATCH`.
+/// The model's configuration. For a batching model, the limit is the smallest that the
+/// backends serving it state (an in-process model's config.pbtxt, a tensorgate worker's or
+/// Triton's configuration endpoint); where none states one it is `UNKNOWN_MAX_BATCH`.
 pub async fn model_config(
     gw: &Gateway,
     model: &str,
@@ -38,13 +38,19 @@ pub async fn model_config(
         }
     }
     if config.max_batch_size == UNKNOWN_MAX_BATCH {
+        // Every backend that serves it is asked, at once: a request may go to any of them,
+        // so the batch every one takes is the smallest they state.
         let wait = Duration::from_millis(gw.config().fleet.probe_timeout_ms);
-        for backend in entry.ready.iter().take(2) {
-            let stated = tokio::time::timeout(wait, backend.backend.max_batch_size(model)).await;
-            if let Ok(Some(n)) = stated.map(|n| n.filter(|n| *n > 0)) {
-                config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
-                break;
-            }
+        let stated = futures_util::future::join_all(entry.ready.iter().map(|h| async move {
+            tokio::time::timeout(wait, h.backend.max_batch_size(model))
+                .await
+                .ok()
+                .flatten()
+                .filter(|n| *n > 0)
+        }))
+        .await;
+        if let Some(n) = stated.into_iter().flatten().min() {
+            config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
         }
     }
     Ok(config)

@@ -67,7 +67,7 @@ impl RpcContext {
 }
 
 /// `grpc-timeout`: at most 8 digits and a unit (H, M, S, m, u, n), per the gRPC spec.
-fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
+pub(super) fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
     let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;

@@ -7,7 +7,9 @@
 //!
 //! The wire is the same either way: `raw_output_contents` is the last field of
 //! `ModelInferResponse`, so the head followed by its entries is the encoding prost would
-//! write. Compressed requests keep tonic's path, which decompresses them.
+//! write. gzip and deflate messages are inflated here too, into a buffer that grows with
+//! what they inflate to, bounded by `limits.max_body_bytes` (tonic reserved the declared
+//! length at once); other encodings go to tonic, which refuses them.
 
 use std::sync::Arc;
 
@@ -19,7 +21,7 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use prost::Message;
 use tonic::body::Body;
 
-use super::infer::{call, INFER_PATH};
+use super::infer::{call, parse_grpc_timeout, INFER_PATH};
 use crate::body::BoxError;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
@@ -30,13 +32,71 @@ const HEADER: usize = 5;
 /// `raw_output_contents`, field 6 of `ModelInferResponse`.
 const RAW_OUTPUT_FIELD: u32 = 6;
 
-/// Whether this path serves the request: ModelInfer, not compressed.
+/// The request's message compression (`grpc-encoding`), where this path can read it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Encoding {
+    Identity,
+    Gzip,
+    /// gRPC's "deflate" is zlib's format, as HTTP's is.
+    Deflate,
+}
+
+fn encoding<B>(req: &Request<B>) -> Option<Encoding> {
+    match req
+        .headers()
+        .get("grpc-encoding")
+        .map(HeaderValue::as_bytes)
+    {
+        None | Some(b"identity") => Some(Encoding::Identity),
+        Some(b"gzip") => Some(Encoding::Gzip),
+        Some(b"deflate") => Some(Encoding::Deflate),
+        Some(_) => None,
+    }
+}
+
+/// Whether this path serves the request: ModelInfer, in an encoding it reads (tonic's
+/// service answers the others, UNIMPLEMENTED naming what it accepts).
 pub(super) fn handles<B>(req: &Request<B>) -> bool {
-    req.uri().path() == INFER_PATH
-        && req
-            .headers()
-            .get("grpc-encoding")
-            .is_none_or(|e| e.as_bytes() == b"identity")
+    req.uri().path() == INFER_PATH && encoding(req).is_some()
+}
+
+/// Compressed messages at least this large are inflated on the blocking pool, so that a
+/// large one does not hold up the requests that share this thread.
+const INFLATE_INLINE_UP_TO: usize = 64 << 10;
+
+/// The message as it was before compression, at most `max` bytes of it (a small message
+/// that inflates beyond that is refused as it inflates, without holding what it would
+/// become).
+async fn inflate(bytes: Bytes, encoding: Encoding, max: usize) -> Result<Bytes, GatewayError> {
+    let inline = encoding == Encoding::Identity || bytes.len() < INFLATE_INLINE_UP_TO;
+    let run = move || {
+        use std::io::Read;
+        let mut out = Vec::new();
+        let limit = max as u64 + 1;
+        let read = match encoding {
+            Encoding::Gzip => flate2::read::GzDecoder::new(&bytes[..])
+                .take(limit)
+                .read_to_end(&mut out),
+            Encoding::Deflate => flate2::read::ZlibDecoder::new(&bytes[..])
+                .take(limit)
+                .read_to_end(&mut out),
+            Encoding::Identity => return Ok(bytes),
+        };
+        read.map_err(|e| not_valid(&format!("Error decompressing: {e}, while sending request")))?;
+        if out.len() > max {
+            return Err(GatewayError::PayloadTooLarge(format!(
+                "the request message, decompressed, is larger than the limit of {max} bytes (limits.max_body_bytes)"
+            )));
+        }
+        Ok(Bytes::from(out))
+    };
+    if inline {
+        run()
+    } else {
+        tokio::task::spawn_blocking(run).await.map_err(|e| {
+            GatewayError::Internal(format!("inflating the request message failed: {e}"))
+        })?
+    }
 }
 
 /// The whole call: read, infer, answer. `max`: `limits.max_body_bytes`.
@@ -45,8 +105,25 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let encoding = encoding(&req).unwrap_or(Encoding::Identity);
     let (parts, body) = req.into_parts();
-    let bytes = match read_message(body, max).await {
+    // The call's own deadline bounds the wait for its message too (an invalid grpc-timeout
+    // is answered once the message is read, with the rest of the metadata).
+    let deadline = parts
+        .headers
+        .get("grpc-timeout")
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+    let read = read_message(body, max, encoding != Encoding::Identity);
+    let read = match deadline {
+        None => read.await,
+        Some(wait) => tokio::time::timeout(wait, read).await.unwrap_or_else(|_| {
+            Err(ReadFailure::Refused(GatewayError::Timeout(format!(
+                "the call's deadline (grpc-timeout, {} ms) passed before its request message arrived",
+                wait.as_millis()
+            ))))
+        }),
+    };
+    let bytes = match read {
         Ok(bytes) => Ok(bytes),
         Err(ReadFailure::Refused(e)) => Err(e),
         // No one is left to answer, and nothing to count: tonic's path did not see these
@@ -54,7 +131,12 @@ where
         Err(ReadFailure::Gone(why)) => return tonic::Status::cancelled(why).into_http(),
     };
     let read = async {
-        let bytes = bytes?;
+        let (compressed, bytes) = bytes?;
+        let bytes = if compressed {
+            inflate(bytes, encoding, max).await?
+        } else {
+            bytes
+        };
         check_fanout(&bytes).map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
         pb::ModelInferRequest::decode(bytes)
             .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
@@ -109,7 +191,11 @@ impl From<GatewayError> for ReadFailure {
 /// The one message of a unary call. A message larger than `max` is refused from its header,
 /// before its bytes are read; a body that ends inside the message, or carries a second one,
 /// is the client's error.
-async fn read_message<B>(body: B, max: usize) -> Result<Bytes, ReadFailure>
+async fn read_message<B>(
+    body: B,
+    max: usize,
+    may_be_compressed: bool,
+) -> Result<(bool, Bytes), ReadFailure>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -120,6 +206,7 @@ where
     // The declared length, and the message as far as it has arrived.
     let mut message: Option<(usize, BytesMut)> = None;
     let mut whole: Option<Bytes> = None;
+    let mut compressed = false;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| read_failure(e.into()))?;
         let Ok(mut data) = frame.into_data() else {
@@ -148,9 +235,10 @@ where
             let len = u32::from_be_bytes(header[1..].try_into().expect("four bytes")) as usize;
             match header[0] {
                 0 => {}
+                1 if may_be_compressed => compressed = true,
                 1 => {
                     return Err(not_valid(
-                        "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                        "protocol error: received message with compressed-flag but grpc-encoding names no compression",
                     ).into())
                 }
                 f => {
@@ -169,14 +257,14 @@ where
                 // The usual small message: all of it in this frame, kept without a copy.
                 whole = Some(data.split_to(len));
             } else {
-                let mut buf = BytesMut::with_capacity(len);
+                let mut buf = BytesMut::with_capacity(crate::body::initial_capacity(len));
                 buf.extend_from_slice(&data.split_to(data.len()));
                 message = Some((len, buf));
             }
         }
     }
     let refused = match (whole, message) {
-        (Some(bytes), _) => return Ok(bytes),
+        (Some(bytes), _) => return Ok((compressed, bytes)),
         (None, Some((len, buf))) => not_valid(&format!(
             "the body ended after {} of the message's {len} bytes",
             buf.len()
@@ -304,9 +392,10 @@ mod tests {
     }
 
     fn read(chunks: &[&[u8]], max: usize) -> Result<Bytes, String> {
-        read_message(body(chunks), max)
+        read_message(body(chunks), max, false)
             .now_or_never()
             .expect("a ready body")
+            .map(|(_, bytes)| bytes)
             .map_err(|e| match e {
                 ReadFailure::Refused(e) => format!("{:?} {}", e.grpc_code(), e.message()),
                 ReadFailure::Gone(why) => format!("gone: {why}"),
@@ -340,13 +429,69 @@ mod tests {
     fn failing(error: BoxError) -> String {
         let frames: Vec<Result<Frame<Bytes>, BoxError>> =
             vec![Ok(Frame::data(Bytes::from_static(&[0, 0, 0]))), Err(error)];
-        match read_message(StreamBody::new(futures_util::stream::iter(frames)), 100)
-            .now_or_never()
-            .expect("a ready body")
+        match read_message(
+            StreamBody::new(futures_util::stream::iter(frames)),
+            100,
+            false,
+        )
+        .now_or_never()
+        .expect("a ready body")
         {
             Ok(_) => "read".into(),
             Err(ReadFailure::Refused(e)) => format!("{:?} {}", e.grpc_code(), e.message()),
             Err(ReadFailure::Gone(why)) => format!("gone: {why}"),
+        }
+    }
+
+    fn compress(encoding: Encoding, data: &[u8]) -> Bytes {
+        use std::io::Write;
+        let mut out = Vec::new();
+        match encoding {
+            Encoding::Gzip => {
+                let mut e = flate2::write::GzEncoder::new(&mut out, flate2::Compression::best());
+                e.write_all(data).unwrap();
+                e.finish().unwrap();
+            }
+            Encoding::Deflate => {
+                let mut e = flate2::write::ZlibEncoder::new(&mut out, flate2::Compression::best());
+                e.write_all(data).unwrap();
+                e.finish().unwrap();
+            }
+            Encoding::Identity => out.extend_from_slice(data),
+        }
+        Bytes::from(out)
+    }
+
+    fn inflated(encoding: Encoding, data: Bytes, max: usize) -> Result<Bytes, String> {
+        inflate(data, encoding, max)
+            .now_or_never()
+            .expect("inline for small messages")
+            .map_err(|e| format!("{:?} {}", e.grpc_code(), e.message()))
+    }
+
+    /// gzip and deflate inflate to the message; one that inflates past the limit is refused
+    /// (a bomb of zeros, a few hundred bytes on the wire), and one that is not compressed
+    /// data says so.
+    #[test]
+    fn compressed_messages_inflate_within_the_limit() {
+        let message = b"a request message".repeat(10);
+        for encoding in [Encoding::Gzip, Encoding::Deflate] {
+            let wire = compress(encoding, &message);
+            assert_eq!(inflated(encoding, wire, 1000).unwrap(), &message[..]);
+            let bomb = compress(encoding, &vec![0u8; 1 << 20]);
+            assert!(bomb.len() < 8192, "{}", bomb.len());
+            assert_eq!(
+                inflated(encoding, bomb, 1000).unwrap_err(),
+                "ResourceExhausted the request message, decompressed, is larger than the limit of 1000 bytes (limits.max_body_bytes)"
+            );
+            let garbage =
+                inflated(encoding, Bytes::from_static(b"not compressed"), 1000).unwrap_err();
+            assert!(
+                garbage.starts_with(
+                    "InvalidArgument the request message is not valid: Error decompressing: "
+                ),
+                "{garbage}"
+            );
         }
     }
 
@@ -391,7 +536,7 @@ mod tests {
         );
         assert_eq!(
             read(&[&framed(1, b"x")], 100).unwrap_err(),
-            not_valid("protocol error: received message with compressed-flag but no grpc-encoding was specified")
+            not_valid("protocol error: received message with compressed-flag but grpc-encoding names no compression")
         );
         assert_eq!(
             read(&[&framed(2, b"x")], 100).unwrap_err(),

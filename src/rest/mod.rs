@@ -218,6 +218,9 @@ where
         })?
 }
 
+/// The largest body of a repository request: a small JSON object.
+const CONTROL_BODY_LIMIT: usize = 64 << 10;
+
 /// The JSON object a repository request may carry (`{"ready": true}` for the index,
 /// `{"parameters": {...}}` for a load), or `None` for an empty body. Such bodies are small:
 /// 64 KiB at most.
@@ -230,7 +233,15 @@ where
     B::Error: Into<BoxError>,
 {
     check_content_encoding(&req)?;
-    let bytes = read_in_time(&gw.config(), req.into_body(), 64 << 10).await?;
+    let bytes = read_in_time(&gw.config(), req.into_body(), CONTROL_BODY_LIMIT)
+        .await
+        .map_err(|e| match e {
+            GatewayError::PayloadTooLarge(_) => GatewayError::PayloadTooLarge(format!(
+                "a repository request's body is limited to {} KiB",
+                CONTROL_BODY_LIMIT >> 10
+            )),
+            other => other,
+        })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -304,7 +315,8 @@ where
         if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {
-            let capacity = (expected as usize).max(head.len() + data.len());
+            let capacity =
+                crate::body::initial_capacity(expected as usize).max(head.len() + data.len());
             let mut buf = bytes::BytesMut::with_capacity(capacity);
             buf.extend_from_slice(&head);
             buf.extend_from_slice(&data);
