@@ -961,6 +961,18 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
             (400, format!("parameter '{name}' is not supported: tensorgate loads a model as its repository holds it (no configuration overrides or model files in the request)").as_str())
         );
     }
+    let r = client
+        .post(&load)
+        .body(vec![b' '; 65 << 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(
+        answer["error"],
+        "a repository request's body is limited to 64 KiB"
+    );
     let r = client.post(&load).body("{bad").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let answer: Value = r.json().await.unwrap();

@@ -197,11 +197,14 @@ impl ControlReport {
 
 /// Loads or unloads `model` on every backend with a model repository; the catalog is
 /// refreshed before this returns.
-pub async fn control(
+/// `parameters`: the names of the request's parameters (see `check_control_parameters`).
+pub async fn control<'a>(
     gw: &Gateway,
     model: &str,
     action: RepositoryAction,
+    parameters: impl IntoIterator<Item = &'a str>,
 ) -> Result<ControlReport, GatewayError> {
+    check_control_parameters(parameters)?;
     let timeout = gw.config().limits.request_timeout();
     let outcomes = gw.fleet.control(model, action, timeout).await;
     if outcomes.is_empty() {
@@ -221,7 +224,7 @@ pub async fn control(
 /// `file:<path>`, model files sent in the request) are refused rather than ignored: a 200
 /// would tell the client its override took effect. Others (`unload_dependents`) change
 /// nothing here and pass.
-pub fn check_control_parameters<'a>(
+fn check_control_parameters<'a>(
     names: impl IntoIterator<Item = &'a str>,
 ) -> Result<(), GatewayError> {
     for name in names {

@@ -136,11 +136,16 @@ impl GrpcFront {
     /// A load or unload across the fleet (`queries::control`): OK when every backend with a
     /// repository did it; INVALID_ARGUMENT when every one refused it (no such model, a model
     /// that cannot load); otherwise INTERNAL; the message names each backend that failed.
-    async fn control(&self, model: &str, action: RepositoryAction) -> Result<(), Status> {
+    async fn control<'a>(
+        &self,
+        model: &str,
+        action: RepositoryAction,
+        parameters: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), Status> {
         if model.is_empty() {
             return Err(Status::invalid_argument("model_name is required"));
         }
-        let report = queries::control(&self.gw, model, action)
+        let report = queries::control(&self.gw, model, action, parameters)
             .await
             .map_err(|e| e.to_grpc())?;
         match report.error(model, action) {
@@ -296,9 +301,9 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let r = req.get_ref();
-        queries::check_control_parameters(r.parameters.keys().map(String::as_str))
-            .map_err(|e| e.to_grpc())?;
-        self.control(&r.model_name, RepositoryAction::Load).await?;
+        let names = r.parameters.keys().map(String::as_str);
+        self.control(&r.model_name, RepositoryAction::Load, names)
+            .await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -307,9 +312,8 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = req.get_ref();
-        queries::check_control_parameters(r.parameters.keys().map(String::as_str))
-            .map_err(|e| e.to_grpc())?;
-        self.control(&r.model_name, RepositoryAction::Unload)
+        let names = r.parameters.keys().map(String::as_str);
+        self.control(&r.model_name, RepositoryAction::Unload, names)
             .await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }

@@ -495,6 +495,17 @@ mod tests {
         }
     }
 
+    /// A compressed message past 64 KiB is inflated on the blocking pool, to the same bytes.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_compressed_message_inflates_off_the_runtime_thread() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let message: Vec<u8> = (0..200_000).map(|_| rng.u8(..)).collect();
+        let wire = compress(Encoding::Gzip, &message);
+        assert!(wire.len() >= INFLATE_INLINE_UP_TO);
+        let inflated = inflate(wire, Encoding::Gzip, 1 << 20).await.unwrap();
+        assert_eq!(inflated, &message[..]);
+    }
+
     /// The body's own bounds are the client's error; a broken stream is no one's to answer.
     #[test]
     fn a_read_that_fails_says_whose_it_is() {

@@ -103,8 +103,7 @@ pub async fn repository_control(
             )))
         }
     };
-    queries::check_control_parameters(names)?;
-    let report = queries::control(gw, model, action).await?;
+    let report = queries::control(gw, model, action, names).await?;
     let status = match (report.failed().is_empty(), report.refused) {
         (true, _) => StatusCode::OK,
         (false, true) => StatusCode::BAD_REQUEST,
