@@ -162,7 +162,7 @@ step() {
 
 echo "== 5. micro-benchmarks (criterion)"
 criterion() { cargo bench --locked -q --bench "$1" -- --warm-up-time 1 --measurement-time 3 > "$OUT/criterion_$1.txt" 2>&1; }
-for b in codec routing classify; do
+for b in codec routing classify onnx; do
   if [ -f "benches/$b.rs" ]; then step "criterion_$b" criterion "$b"; fi
 done
 

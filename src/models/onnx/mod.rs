@@ -15,6 +15,8 @@ use super::{Model, ModelError};
 use crate::protocol::tensor::frame_bytes;
 use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor as V2Tensor, TensorMetadata};
 
+mod maxpool;
+
 /// Most plans kept per model for concrete input shapes; shapes beyond run the general plan.
 const MAX_SPECIALIZED: usize = 16;
 
@@ -101,10 +103,7 @@ impl OnnxModel {
                 }
             }
         }
-        let plan = graph
-            .clone()
-            .into_optimized()
-            .and_then(|m| m.into_runnable())
+        let plan = plan(graph.clone())
             .map_err(|e| format!("{}: tract cannot optimise it: {e:#}", path.display()))?;
         Ok(OnnxModel {
             meta,
@@ -155,12 +154,7 @@ impl OnnxModel {
         }
         let subs: HashMap<Symbol, TDim> =
             bound.into_iter().map(|(s, v)| (s, TDim::Val(v))).collect();
-        match self
-            .graph
-            .set_symbols(&subs)
-            .and_then(|m| m.into_optimized())
-            .and_then(|m| m.into_runnable())
-        {
+        match self.graph.set_symbols(&subs).and_then(plan) {
             Ok(plan) => {
                 cache.insert(key, plan.clone());
                 Ok(plan)
@@ -372,6 +366,14 @@ fn v2_datatype(dt: DatumType) -> Option<DataType> {
     })
 }
 
+/// The runnable plan of a decluttered graph: tract's optimisations, then this crate's faster
+/// kernels for what tract runs slowly (see `maxpool`).
+fn plan(graph: TypedModel) -> TractResult<Arc<TypedRunnableModel>> {
+    let mut optimized = graph.into_optimized()?;
+    maxpool::replace_pools(&mut optimized)?;
+    optimized.into_runnable()
+}
+
 fn from_tract(name: &str, t: &Tensor) -> Result<V2Tensor, ModelError> {
     let failed = |e: String| ModelError::Failed(format!("output '{name}': {e}"));
     let (datatype, data) = if t.datum_type() == DatumType::String {
@@ -394,4 +396,76 @@ fn from_tract(name: &str, t: &Tensor) -> Result<V2Tensor, ModelError> {
         parameters: Default::default(),
         data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Parameters, RequestOptions};
+
+    fn cnn() -> OnnxModel {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx/repo/cnn/1/model.onnx");
+        let settings = ModelSettings {
+            name: "cnn".into(),
+            versions: vec!["1".into()],
+            instances: 1,
+            ..Default::default()
+        };
+        OnnxModel::load(&path, settings).unwrap()
+    }
+
+    fn image(batch: u64) -> InferRequest {
+        let values: Vec<u8> = (0..batch * 28 * 28)
+            .flat_map(|i| (((i * 37) % 255) as f32 / 255.0).to_le_bytes())
+            .collect();
+        InferRequest {
+            id: None,
+            parameters: Parameters::new(),
+            options: RequestOptions::default(),
+            inputs: vec![V2Tensor {
+                name: "IMAGE".into(),
+                datatype: DataType::Fp32,
+                shape: vec![batch, 1, 28, 28],
+                parameters: Parameters::new(),
+                data: Bytes::from(values),
+            }],
+            outputs: None,
+        }
+    }
+
+    fn fast_pools(plan: &TypedRunnableModel) -> usize {
+        plan.model()
+            .nodes()
+            .iter()
+            .filter(|n| n.op().name() == "tensorgate.MaxPool2x2Stride2")
+            .count()
+    }
+
+    /// Both plans run the crate's pooling: the one for a symbolic batch (tract's `MaxPool`
+    /// replaced) and the one specialised for a batch of 3 (`OptMaxPool` replaced), and they
+    /// agree on the logits.
+    #[test]
+    fn the_general_and_the_specialised_plans_pool_alike() {
+        let model = cnn();
+        let req = image(3);
+        let specialised = model.plan_for(&req).unwrap();
+        assert!(!Arc::ptr_eq(&specialised, &model.plan));
+        assert_eq!(fast_pools(&model.plan), 2);
+        assert_eq!(fast_pools(&specialised), 2);
+        let logits = |plan: &Arc<TypedRunnableModel>| -> Vec<f32> {
+            let out = plan.run(model.to_tract(&req).unwrap()).unwrap();
+            out[0]
+                .try_as_plain_ram()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .to_vec()
+        };
+        let (general, special) = (logits(&model.plan), logits(&specialised));
+        assert_eq!(general.len(), 30);
+        for (a, b) in general.iter().zip(&special) {
+            assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} against {b}");
+        }
+    }
 }
