@@ -39,6 +39,9 @@ pub enum GatewayError {
         status: StatusCode,
         message: String,
     },
+    /// A Triton extension that a gateway does not offer (shared memory, trace and log
+    /// settings): 501 as Triton answers for what it does not support, UNIMPLEMENTED.
+    Unsupported(String),
     /// Our bug: 500.
     Internal(String),
 }
@@ -62,6 +65,7 @@ impl GatewayError {
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::BadGateway(_) | GatewayError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::Backend { status, .. } => *status,
+            GatewayError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -79,7 +83,7 @@ impl GatewayError {
                 Code::InvalidArgument
             }
             GatewayError::NotFound(_) => Code::NotFound,
-            GatewayError::MethodNotAllowed(_) => Code::Unimplemented,
+            GatewayError::MethodNotAllowed(_) | GatewayError::Unsupported(_) => Code::Unimplemented,
             GatewayError::Unauthorized(_) => Code::Unauthenticated,
             GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
             GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
@@ -118,6 +122,7 @@ impl GatewayError {
             | GatewayError::Timeout(m)
             | GatewayError::BadGateway(m)
             | GatewayError::Unreachable(m)
+            | GatewayError::Unsupported(m)
             | GatewayError::Internal(m) => m,
             GatewayError::Backend { message, .. } => message,
         }
@@ -127,6 +132,25 @@ impl GatewayError {
     pub fn body(&self) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({ "error": self.message() }))
             .expect("a JSON object serializes")
+    }
+}
+
+/// The Triton extensions that tensorgate does not offer, the same over REST and gRPC.
+impl GatewayError {
+    /// Shared-memory regions hold tensors on the client's host; a gateway forwards tensors
+    /// in the request itself.
+    pub fn shared_memory(what: &str) -> GatewayError {
+        GatewayError::Unsupported(format!(
+            "{what} is not supported by tensorgate: it forwards tensors in the request itself; \
+             send them in the request (binary tensor data over REST, raw_input_contents over gRPC)"
+        ))
+    }
+
+    /// Trace and log settings belong to each backend, not to the gateway.
+    pub fn backend_setting(what: &str) -> GatewayError {
+        GatewayError::Unsupported(format!(
+            "{what} is not supported by tensorgate: set it on the backends themselves"
+        ))
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tensorgate::config::{Config, LogFormat};
+use tensorgate::config::{Config, LogFormat, MAX_WORKER_THREADS};
 use tensorgate::models::{builtin_names, DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS};
 use tensorgate::reload::Loader;
 
@@ -63,7 +63,7 @@ enum Command {
         /// Threads that serve requests, overriding server.worker_threads (0: the
         /// TOKIO_WORKER_THREADS variable, else one per core). 1 runs a single-threaded
         /// runtime, the cheapest per request on one core.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = worker_threads)]
         worker_threads: Option<usize>,
     },
     /// Run a standalone v2 REST server of the built-in models. A local fleet is several
@@ -96,7 +96,7 @@ enum Command {
         /// Threads that serve requests (0: the TOKIO_WORKER_THREADS variable, else one per
         /// core). 1 runs a single-threaded runtime; ONNX models still run on their own
         /// blocking pool, sized by each model's instance_group count.
-        #[arg(long, value_name = "N", default_value_t = 0)]
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = worker_threads)]
         worker_threads: usize,
     },
     /// Check a config file and print each error with its line number, then check that
@@ -139,6 +139,11 @@ fn build_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> 
             .unwrap_or(0),
         n => n,
     };
+    if threads > MAX_WORKER_THREADS {
+        return Err(std::io::Error::other(format!(
+            "TOKIO_WORKER_THREADS must be at most {MAX_WORKER_THREADS}, not {threads}"
+        )));
+    }
     let mut builder = if threads == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -149,6 +154,59 @@ fn build_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> 
         b
     };
     builder.enable_all().build()
+}
+
+/// What `serve`'s flags set over the config file, applied at start and at every reload.
+struct Overrides {
+    backends: Vec<String>,
+    model_repository: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
+    grpc_listen: Option<Option<SocketAddr>>,
+    worker_threads: Option<usize>,
+}
+
+impl Overrides {
+    fn apply(&self, c: &mut Config) -> Result<(), Vec<String>> {
+        if !self.backends.is_empty() {
+            c.set_backends(&self.backends).map_err(|errors| {
+                errors
+                    .into_iter()
+                    .map(|e| format!("--backend: {}", e.message))
+                    .collect::<Vec<_>>()
+            })?;
+        }
+        if let Some(dir) = &self.model_repository {
+            c.set_model_repository(dir).map_err(|e| vec![e])?;
+        }
+        if let Some(l) = self.listen {
+            c.server.listen = l;
+        }
+        if let Some(l) = self.metrics_listen {
+            c.server.metrics_listen = l;
+        }
+        if let Some(l) = self.grpc_listen {
+            c.server.grpc_listen = l;
+        }
+        if let Some(n) = self.worker_threads {
+            c.server.worker_threads = n;
+        }
+        Ok(())
+    }
+}
+
+/// `--worker-threads`: the config key's bound, checked where the flag is read.
+fn worker_threads(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of threads"))?;
+    if n > MAX_WORKER_THREADS {
+        return Err(format!(
+            "must be at most {MAX_WORKER_THREADS} (0 picks one per core), not {n}"
+        ));
+    }
+    Ok(n)
 }
 
 fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigError]) {
@@ -241,33 +299,22 @@ fn main() -> ExitCode {
                 },
                 None => Config::embedded_default(),
             };
-            if !backends.is_empty() {
-                if let Err(errors) = c.set_backends(&backends) {
-                    for e in errors {
-                        eprintln!("--backend: {}", e.message);
-                    }
-                    return ExitCode::FAILURE;
-                }
-            }
-            if let Some(dir) = &model_repository {
-                if let Err(e) = c.set_model_repository(dir) {
+            let overrides = Overrides {
+                backends,
+                model_repository,
+                listen,
+                metrics_listen,
+                grpc_listen: grpc_listen.map(|OptionalAddress(a)| a),
+                worker_threads,
+            };
+            if let Err(errors) = overrides.apply(&mut c) {
+                for e in errors {
                     eprintln!("{e}");
-                    return ExitCode::FAILURE;
                 }
+                return ExitCode::FAILURE;
             }
-            if let Some(l) = listen {
-                c.server.listen = l;
-            }
-            if let Some(l) = metrics_listen {
-                c.server.metrics_listen = l;
-            }
-            if let Some(OptionalAddress(l)) = grpc_listen {
-                c.server.grpc_listen = l;
-            }
-            if let Some(n) = worker_threads {
-                c.server.worker_threads = n;
-            }
-            // A reload reads the file again and re-applies the command line over it.
+            // A reload reads the file again and re-applies the whole command line over it,
+            // so that what it compares with the running config is what the user changed.
             let watch = config.clone().filter(|_| c.fleet.watch_config);
             let loader: Loader = std::sync::Arc::new(move || {
                 let mut c = match &config {
@@ -280,12 +327,7 @@ fn main() -> ExitCode {
                     })?,
                     None => Config::embedded_default(),
                 };
-                if !backends.is_empty() {
-                    c.set_backends(&backends).map_err(|e| format!("{e:?}"))?;
-                }
-                if let Some(dir) = &model_repository {
-                    c.set_model_repository(dir)?;
-                }
+                overrides.apply(&mut c).map_err(|e| e.join("; "))?;
                 Ok(c)
             });
             (c, true, Some((loader, watch)))

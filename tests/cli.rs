@@ -179,6 +179,25 @@ fn serve_refuses_a_bad_backend_url() {
     );
 }
 
+#[test]
+fn worker_threads_beyond_the_bound_are_refused() {
+    for args in [
+        &["serve", "--worker-threads", "100000"][..],
+        &["worker", "--worker-threads", "5000"],
+    ] {
+        let out = tensorgate(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        let n = args[2];
+        assert!(
+            err.contains(&format!(
+                "invalid value '{n}' for '--worker-threads <N>': must be at most 1024 (0 picks one per core), not {n}"
+            )),
+            "{err}"
+        );
+    }
+}
+
 /// A port that was free a moment ago.
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -374,6 +393,34 @@ async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
             .any(|l| l.starts_with("nv_inference_request_success{")
                 && l.contains("model=\"simple\"")),
         "{metrics}"
+    );
+
+    // A reload (SIGHUP) applies the command line again: the flags it was started with are
+    // not "changed settings that need a restart".
+    let child = gateway.child.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &child])
+        .status()
+        .unwrap()
+        .success());
+    let reloaded = "tensorgate_config_reloads_total{result=\"success\"} 1";
+    let mut seen = String::new();
+    for _ in 0..200 {
+        let r = client
+            .get(format!("http://{metrics_addr}/metrics"))
+            .send()
+            .await;
+        seen = r.unwrap().text().await.unwrap();
+        if seen.contains(reloaded) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen.contains(reloaded), "{seen}");
+    assert!(
+        !gateway.log().contains("only after a restart"),
+        "{}",
+        gateway.log()
     );
     drop(client);
 

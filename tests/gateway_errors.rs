@@ -48,6 +48,24 @@ async fn unknown_model_path_method_and_version() {
         );
         assert_eq!(r.header("allow"), Some("POST"));
 
+        // Triton's endpoints that a gateway does not offer: 501, saying so, as over gRPC.
+        let memory = "is not supported by tensorgate: it forwards tensors in the request itself; \
+                      send them in the request (binary tensor data over REST, raw_input_contents over gRPC)";
+        let setting = "is not supported by tensorgate: set it on the backends themselves";
+        let r = env.get("/v2/systemsharedmemory/status").await;
+        r.assert_error(501, &format!("system shared memory {memory}"));
+        let r = env
+            .post(
+                "/v2/cudasharedmemory/region/r0/register",
+                &json_body(&json!({})),
+            )
+            .await;
+        r.assert_error(501, &format!("CUDA shared memory {memory}"));
+        let r = env.get("/v2/models/simple/trace/setting").await;
+        r.assert_error(501, &format!("trace settings {setting}"));
+        let r = env.post("/v2/logging", &json_body(&json!({}))).await;
+        r.assert_error(501, &format!("log settings {setting}"));
+
         let unknown_version = "model 'simple' has no version '7' (its versions are 1)";
         let r = env.post("/v2/models/simple/versions/7/infer", &body).await;
         r.assert_error(404, unknown_version);
@@ -363,6 +381,22 @@ async fn check_coding(
         assert_eq!(int32s(output(&resp, "OUTPUT0")), sum);
         assert_eq!(int32s(output(&resp, "OUTPUT1")), vec![0; 16]);
     }
+
+    // Only a successful inference is compressed, as Triton does: tritonclient.http.aio asks
+    // for gzip on every call but inflates only inference answers itself.
+    let metadata = env.client.get(env.url("/v2/models/simple"));
+    let r = env.send(metadata.header("Accept-Encoding", coding)).await;
+    assert_eq!((r.status, r.header("content-encoding")), (200, None));
+    let metadata: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(metadata["name"], "simple", "{topology:?} {coding}");
+    let unknown = env
+        .client
+        .post(env.url("/v2/models/nosuch/infer"))
+        .header("Accept-Encoding", coding)
+        .body(json.clone());
+    let r = env.send(unknown).await;
+    assert_eq!(r.header("content-encoding"), None);
+    r.assert_error(404, "unknown model 'nosuch'");
 
     env.send(infer().body(json.clone()))
         .await

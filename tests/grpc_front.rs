@@ -666,6 +666,7 @@ async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
         if v % 3 == 0 {
             let mut bad = simple(&[0; 16], &[0; 16]);
             bad.model_name = "nope".into();
+            bad.id = format!("bad-{v}");
             messages.push(bad);
         }
         messages.push(simple(&[v; 16], &[v; 16]));
@@ -693,7 +694,16 @@ async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
         i += 1;
         if v % 3 == 0 {
             assert_eq!(got[i].error_message, "unknown model 'nope'");
-            assert!(got[i].infer_response.is_none());
+            // The failed request's id alone, as Triton answers, so that the client can tell
+            // which request failed.
+            let failed = got[i]
+                .infer_response
+                .as_ref()
+                .expect("the failed request's id");
+            assert_eq!(
+                (failed.id.as_str(), failed.outputs.len()),
+                (format!("bad-{v}").as_str(), 0)
+            );
             i += 1;
         }
         let r = got[i].infer_response.as_ref().expect("simple answers");

@@ -315,7 +315,8 @@ fn check_log_filter(filter: &str) -> Result<(), String> {
 }
 
 /// More threads than this only cost memory and scheduling on any machine the gateway runs on.
-const MAX_WORKER_THREADS: usize = 1024;
+/// Most threads `server.worker_threads` (and `--worker-threads`) may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
 
 /// `[fleet.pins]`: a Redis store needs a URL the client accepts, and the bounds must be
 /// usable. A URL given to the memory store is refused rather than ignored: it says the

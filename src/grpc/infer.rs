@@ -371,6 +371,7 @@ async fn stream_message(
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let mut obs = Observation::new(Protocol::Grpc);
+    let id = msg.id.clone();
     let result = async {
         let ctx = ctx?;
         let _permit = gw.admit()?;
@@ -391,9 +392,13 @@ async fn stream_message(
             error_message: String::new(),
             infer_response: Some(r),
         },
+        // The request's id, as Triton sends it, tells the client which request failed.
         Err(e) => pb::ModelStreamInferResponse {
             error_message: e.message().to_string(),
-            infer_response: None,
+            infer_response: Some(pb::ModelInferResponse {
+                id,
+                ..Default::default()
+            }),
         },
     }
 }

@@ -125,13 +125,6 @@ pub struct GrpcFront {
     max_message: usize,
 }
 
-fn unimplemented(what: &str) -> Status {
-    Status::unimplemented(format!(
-        "{what} is not supported by tensorgate: it forwards tensors in the request itself; \
-         send inputs as raw_input_contents or typed contents"
-    ))
-}
-
 impl GrpcFront {
     /// A load or unload across the fleet (`queries::control`): OK when every backend with a
     /// repository did it; INVALID_ARGUMENT when every one refused it (no such model, a model
@@ -154,13 +147,6 @@ impl GrpcFront {
             Some(message) => Err(Status::internal(message)),
         }
     }
-}
-
-/// Shared-memory, trace and log settings belong to each backend, not to the gateway.
-fn not_for_a_gateway(what: &str) -> Status {
-    Status::unimplemented(format!(
-        "{what} is not supported by tensorgate: set it on the backends themselves"
-    ))
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -322,55 +308,55 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         _: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        Err(GatewayError::shared_memory("system shared memory").to_grpc())
     }
 
     async fn system_shared_memory_register(
         &self,
         _: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        Err(GatewayError::shared_memory("system shared memory").to_grpc())
     }
 
     async fn system_shared_memory_unregister(
         &self,
         _: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        Err(GatewayError::shared_memory("system shared memory").to_grpc())
     }
 
     async fn cuda_shared_memory_status(
         &self,
         _: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
-        Err(unimplemented("CUDA shared memory"))
+        Err(GatewayError::shared_memory("CUDA shared memory").to_grpc())
     }
 
     async fn cuda_shared_memory_register(
         &self,
         _: Request<pb::CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
-        Err(unimplemented("CUDA shared memory"))
+        Err(GatewayError::shared_memory("CUDA shared memory").to_grpc())
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         _: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        Err(unimplemented("CUDA shared memory"))
+        Err(GatewayError::shared_memory("CUDA shared memory").to_grpc())
     }
 
     async fn trace_setting(
         &self,
         _: Request<pb::TraceSettingRequest>,
     ) -> Result<Response<pb::TraceSettingResponse>, Status> {
-        Err(not_for_a_gateway("TraceSetting"))
+        Err(GatewayError::backend_setting("trace settings").to_grpc())
     }
 
     async fn log_settings(
         &self,
         _: Request<pb::LogSettingsRequest>,
     ) -> Result<Response<pb::LogSettingsResponse>, Status> {
-        Err(not_for_a_gateway("LogSettings"))
+        Err(GatewayError::backend_setting("log settings").to_grpc())
     }
 }

@@ -162,6 +162,8 @@ where
             req.method(),
             req.uri().path()
         )),
+        RouteError::SharedMemory(what) => GatewayError::shared_memory(what),
+        RouteError::BackendSetting(what) => GatewayError::backend_setting(what),
     })?;
     match route {
         Route::ServerMetadata => Ok(handlers::server_metadata(gw)),
@@ -193,10 +195,20 @@ where
             let (parts, body) = req.into_parts();
             let body = read_in_time(&config, body, config.limits.max_body_bytes).await?;
             obs.bytes_in = body.len() as u64;
-            infer::infer(gw, &config, &model, version.as_deref(), &parts, body, obs).await
+            let mut answer =
+                infer::infer(gw, &config, &model, version.as_deref(), &parts, body, obs).await?;
+            answer.extensions_mut().insert(Compressible);
+            Ok(answer)
         }
     }
 }
+
+/// Marks the one kind of answer the server compresses for a client that accepts it: a
+/// successful inference, as Triton does. `tritonclient.http.aio` asks for gzip on every call
+/// but inflates only inference answers itself, so a compressed metadata answer or error body
+/// is bytes it cannot read.
+#[derive(Debug, Clone, Copy)]
+pub struct Compressible;
 
 /// Reads a whole body within `limits.body_read_timeout_ms`, refusing more than `max` bytes.
 async fn read_in_time<B>(

@@ -43,6 +43,12 @@ pub enum RouteError {
     NotFound,
     /// The path exists but not for this method; holds the allowed method.
     MethodNotAllowed(Method),
+    /// A Triton shared-memory endpoint (`/v2/systemsharedmemory/...`,
+    /// `/v2/cudasharedmemory/...`), named for the answer: the gateway offers none.
+    SharedMemory(&'static str),
+    /// Triton's trace or log settings (`/v2/trace/setting`, `/v2/models/{m}/trace/setting`,
+    /// `/v2/logging`), which belong to each backend.
+    BackendSetting(&'static str),
 }
 
 /// Matches a method and path. A trailing slash is tolerated.
@@ -50,6 +56,16 @@ pub fn route(method: &Method, path: &str) -> Result<Route, RouteError> {
     let path = path.strip_suffix('/').unwrap_or(path);
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let (route, allowed) = match segments.as_slice() {
+        ["v2", "systemsharedmemory", ..] => {
+            return Err(RouteError::SharedMemory("system shared memory"))
+        }
+        ["v2", "cudasharedmemory", ..] => {
+            return Err(RouteError::SharedMemory("CUDA shared memory"))
+        }
+        ["v2", "trace", "setting"] | ["v2", "models", .., "trace", "setting"] => {
+            return Err(RouteError::BackendSetting("trace settings"))
+        }
+        ["v2", "logging"] => return Err(RouteError::BackendSetting("log settings")),
         ["v2"] => (Route::ServerMetadata, Method::GET),
         ["v2", "health", "live"] => (Route::Live, Method::GET),
         ["v2", "health", "ready"] => (Route::Ready, Method::GET),
@@ -217,6 +233,38 @@ mod tests {
         );
         assert_eq!(
             route(&Method::GET, "/v2/models/%FF"),
+            Err(RouteError::NotFound)
+        );
+    }
+
+    #[test]
+    fn triton_extensions_a_gateway_does_not_offer_are_named() {
+        use RouteError::{BackendSetting, SharedMemory};
+        let (system, cuda) = (
+            SharedMemory("system shared memory"),
+            SharedMemory("CUDA shared memory"),
+        );
+        let (trace, log) = (
+            BackendSetting("trace settings"),
+            BackendSetting("log settings"),
+        );
+        let cases = [
+            (Method::GET, "/v2/systemsharedmemory/status", system.clone()),
+            (
+                Method::POST,
+                "/v2/systemsharedmemory/region/r0/register",
+                system,
+            ),
+            (Method::POST, "/v2/cudasharedmemory/unregister", cuda),
+            (Method::GET, "/v2/trace/setting", trace.clone()),
+            (Method::POST, "/v2/models/simple/trace/setting", trace),
+            (Method::GET, "/v2/logging", log),
+        ];
+        for (method, path, expected) in cases {
+            assert_eq!(route(&method, path), Err(expected), "{method} {path}");
+        }
+        assert_eq!(
+            route(&Method::GET, "/v2/models/trace/setting/x"),
             Err(RouteError::NotFound)
         );
     }

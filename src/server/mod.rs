@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout_at, Instant};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::compression::predicate::{And, DefaultPredicate, Predicate};
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
@@ -317,10 +318,27 @@ type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body
 /// The service `with_layers` builds around `S`.
 pub type Layered<S> = tower_http::catch_panic::CatchPanic<
     PropagateRequestId<
-        tower_http::compression::Compression<tower_http::decompression::RequestDecompression<S>>,
+        tower_http::compression::Compression<
+            tower_http::decompression::RequestDecompression<S>,
+            And<DefaultPredicate, InferAnswers>,
+        >,
     >,
     PanicHandler,
 >;
+
+/// Compresses only what the REST edge marked `Compressible` (successful inferences), and of
+/// those what tower-http's default predicate allows (not tiny, not already compressed).
+#[derive(Debug, Clone, Copy)]
+pub struct InferAnswers;
+
+impl Predicate for InferAnswers {
+    fn should_compress<B: http_body::Body>(&self, response: &http::Response<B>) -> bool {
+        response
+            .extensions()
+            .get::<crate::rest::Compressible>()
+            .is_some()
+    }
+}
 
 /// The layers around the gateway, applied to any inner service (tests use a failing one).
 /// The edge's own stack (auth, shedding, observation) is inside `S`.
@@ -330,7 +348,7 @@ pub fn with_layers<S>(inner: S) -> Layered<S> {
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             crate::gateway::REQUEST_ID,
         )))
-        .layer(CompressionLayer::new())
+        .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(InferAnswers)))
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
 }

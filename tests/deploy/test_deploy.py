@@ -124,6 +124,8 @@ def port_of(addr):
 def test_ports_probes_and_scraping_agree_with_the_config(layout, text):
     server = tomllib.loads(text)["server"]
     api, metrics = port_of(server["listen"]), port_of(server["metrics_listen"])
+    # Stated, not left to the default: in a sidecar Pod the default (8001) is Triton's own.
+    grpc = port_of(server["grpc_listen"])
     deployments = by_kind(layout, "Deployment")
     assert deployments
     gateway = None
@@ -133,7 +135,7 @@ def test_ports_probes_and_scraping_agree_with_the_config(layout, text):
                 gateway, pod = c, d["spec"]["template"]
     assert gateway, "a tensorgate container"
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
-    assert ports == {"http": api, "metrics": metrics}
+    assert ports == {"http": api, "grpc": grpc, "metrics": metrics}
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert ports[gateway["readinessProbe"]["httpGet"]["port"]] == api
@@ -147,7 +149,9 @@ def test_ports_probes_and_scraping_agree_with_the_config(layout, text):
     assert fronts, "a Service in front of tensorgate"
     for svc in fronts:
         targets = {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}
-        assert targets == {"http": "http", "metrics": "metrics"}
+        assert targets == {"http": "http", "grpc": "grpc", "metrics": "metrics"}
+        (grpc_port,) = [p for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+        assert grpc_port["appProtocol"] == "kubernetes.io/h2c"
     # tensorgate's shutdown (preStop sleep, then shutdown delay and drain) fits in the grace
     # period, and every other container of its Pod (the sidecar's model server) outlives it,
     # since tensorgate forwards to it until the drain ends, and has time left to stop itself.

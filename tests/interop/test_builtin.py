@@ -288,3 +288,52 @@ def test_classification_with_labels(gw_builtin):
         order = sorted(range(10), key=lambda i: (-row[i], i))[:3]
         want = [f"{row[i]:.6f}:{i}:{labels[i]}".encode() for i in order]
         assert list(got) == want
+
+
+# ---------------------------------------------------------------- tritonclient.http.aio
+
+
+def test_aio_client_reads_every_answer(gateway_builtin):
+    """aiohttp asks for gzip on every call and tritonclient.http.aio inflates only inference
+    answers itself: metadata, configuration, statistics, the index and error bodies must come
+    back uncompressed, successful inferences may come back compressed."""
+    import asyncio
+
+    import tritonclient.http.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    async def run():
+        client = aioclient.InferenceServerClient(url=gateway_builtin.url, conn_timeout=10.0)
+        try:
+            assert (await client.get_server_metadata())["name"] == "tensorgate"
+            assert (await client.get_model_metadata("simple"))["name"] == "simple"
+            assert (await client.get_model_config("simple"))["name"] == "simple"
+            stats = await client.get_inference_statistics("simple")
+            assert stats["model_stats"][0]["name"] == "simple"
+            index = await client.get_model_repository_index()
+            assert "simple" in {m["name"] for m in index}
+            a, b = simple_operands(16, batch=1)
+            inputs = [make_input("INPUT0", a, "INT32", True), make_input("INPUT1", b, "INT32", True)]
+            result = await client.infer("simple", inputs)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            try:
+                await client.infer("no_such_model", inputs)
+            except InferenceServerException as e:
+                return e
+            raise AssertionError("an unknown model was served")
+        finally:
+            await client.close()
+
+    error = asyncio.run(asyncio.wait_for(run(), timeout=60))
+    assert error.status() == "404"
+    assert error.message() == "unknown model 'no_such_model'"
+
+
+def test_unsupported_triton_endpoints_are_501_with_a_reason(gw_builtin):
+    memory = ("system shared memory is not supported by tensorgate: it forwards tensors in the request "
+              "itself; send them in the request (binary tensor data over REST, raw_input_contents over gRPC)")
+    expect_error(lambda: gw_builtin.get_system_shared_memory_status(), 501, memory)
+    expect_error(lambda: gw_builtin.get_trace_settings(), 501,
+                 "trace settings is not supported by tensorgate: set it on the backends themselves")
+    expect_error(lambda: gw_builtin.update_log_settings({"log_info": True}), 501,
+                 "log settings is not supported by tensorgate: set it on the backends themselves")

@@ -40,7 +40,7 @@ BUILTIN_NAMES = {"simple", "accumulate", "classifier"} | {
     f"identity_{t}" for t in ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
                               "int64", "fp16", "bf16", "fp32", "fp64", "bytes")}
 UNSUPPORTED_MEMORY = ("{} is not supported by tensorgate: it forwards tensors in the request itself; "
-                      "send inputs as raw_input_contents or typed contents")
+                      "send them in the request (binary tensor data over REST, raw_input_contents over gRPC)")
 NOT_FOR_A_GATEWAY = "{} is not supported by tensorgate: set it on the backends themselves"
 WAIT_S = 30.0  # bound of every wait for a callback or a thread
 
@@ -358,10 +358,10 @@ def test_repository_control_needs_a_backend_with_a_repository(grpc_builtin, call
     (lambda c: c.get_cuda_shared_memory_status(), UNSUPPORTED_MEMORY.format("CUDA shared memory")),
     (lambda c: c.register_cuda_shared_memory("r", b"", 0, 64), UNSUPPORTED_MEMORY.format("CUDA shared memory")),
     (lambda c: c.unregister_cuda_shared_memory(), UNSUPPORTED_MEMORY.format("CUDA shared memory")),
-    (lambda c: c.get_trace_settings(), NOT_FOR_A_GATEWAY.format("TraceSetting")),
-    (lambda c: c.update_trace_settings(settings={"trace_rate": "1"}), NOT_FOR_A_GATEWAY.format("TraceSetting")),
-    (lambda c: c.get_log_settings(), NOT_FOR_A_GATEWAY.format("LogSettings")),
-    (lambda c: c.update_log_settings({"log_info": True}), NOT_FOR_A_GATEWAY.format("LogSettings")),
+    (lambda c: c.get_trace_settings(), NOT_FOR_A_GATEWAY.format("trace settings")),
+    (lambda c: c.update_trace_settings(settings={"trace_rate": "1"}), NOT_FOR_A_GATEWAY.format("trace settings")),
+    (lambda c: c.get_log_settings(), NOT_FOR_A_GATEWAY.format("log settings")),
+    (lambda c: c.update_log_settings({"log_info": True}), NOT_FOR_A_GATEWAY.format("log settings")),
 ], ids=["shm-status", "shm-register", "shm-unregister", "cuda-status", "cuda-register",
         "cuda-unregister", "trace-get", "trace-update", "log-get", "log-update"])
 def test_unimplemented_rpcs(grpc_builtin, call, message):
