@@ -25,6 +25,9 @@ pub enum GatewayError {
     UnsupportedEncoding(String),
     /// No healthy backend, or the gateway is shedding load: 503.
     Unavailable(String),
+    /// The backend a live sequence is pinned to is gone, and the sequence's state with it:
+    /// 503, UNAVAILABLE. A backend's failure, where `Unavailable` is the gateway's refusal.
+    SequenceLost(String),
     /// The request's deadline passed: 504.
     Timeout(String),
     /// A backend sent something unusable, or dropped the connection after the request may
@@ -61,7 +64,9 @@ impl GatewayError {
             GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Unavailable(_) | GatewayError::SequenceLost(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::BadGateway(_) | GatewayError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::Backend { status, .. } => *status,
@@ -87,7 +92,9 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => Code::Unauthenticated,
             GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
             GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
-            GatewayError::Unavailable(_) | GatewayError::Unreachable(_) => Code::Unavailable,
+            GatewayError::Unavailable(_)
+            | GatewayError::SequenceLost(_)
+            | GatewayError::Unreachable(_) => Code::Unavailable,
             GatewayError::BadGateway(_) | GatewayError::Internal(_) => Code::Internal,
             GatewayError::Backend { status, .. } => match status.as_u16() {
                 400 | 409 | 412 | 415 | 422 => Code::InvalidArgument,
@@ -119,6 +126,7 @@ impl GatewayError {
             | GatewayError::PayloadTooLarge(m)
             | GatewayError::UnsupportedEncoding(m)
             | GatewayError::Unavailable(m)
+            | GatewayError::SequenceLost(m)
             | GatewayError::Timeout(m)
             | GatewayError::BadGateway(m)
             | GatewayError::Unreachable(m)

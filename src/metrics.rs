@@ -90,6 +90,14 @@ fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 }
 
 impl Metrics {
+    /// Exposes `tensorgate_pin_store_up`, once a shared pin store exists.
+    pub fn expose_pin_store(&self) {
+        match self.registry.register(Box::new(self.pin_store_up.clone())) {
+            Ok(()) | Err(prometheus::Error::AlreadyReg) => {}
+            Err(e) => tracing::error!(error = %e, "cannot expose tensorgate_pin_store_up"),
+        }
+    }
+
     /// `triton`: also expose Triton's `nv_inference_*` series.
     pub fn new(triton: bool) -> Self {
         let r = Registry::new();
@@ -274,14 +282,13 @@ impl Metrics {
                 "Pin store operations that failed or timed out, one per request or renewal concerned (claim, refresh, put, remove); each such request was routed by the hash table instead",
                 &["op"],
             ),
-            pin_store_up: reg(
-                &r,
-                IntGauge::new(
-                    "tensorgate_pin_store_up",
-                    "1 while the shared pin store answers, 0 after a failure until it answers again",
-                )
-                .expect("valid metric"),
-            ),
+            // Registered by `expose_pin_store` only when there is a shared store: a 0 on
+            // every replica that keeps its pins in memory would fire any alert on it.
+            pin_store_up: IntGauge::new(
+                "tensorgate_pin_store_up",
+                "1 while the shared pin store answers, 0 after a failure until it answers again",
+            )
+            .expect("valid metric"),
             registry: r,
         }
     }
@@ -340,8 +347,10 @@ pub enum FailureReason {
     Rejected,
     /// The deadline passed.
     Canceled,
-    /// The backend failed or rejected the request.
+    /// The backend failed: a 5xx of its own, an unusable answer, no connection, or gone
+    /// with a sequence's state.
     Backend,
+    /// The gateway's own fault.
     Other,
 }
 

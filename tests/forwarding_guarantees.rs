@@ -193,3 +193,57 @@ async fn a_model_timeout_from_the_config_cuts_a_slow_backend_short() {
     assert_eq!(slow.infers(), 2);
     gw.shutdown().await;
 }
+
+/// The sum of `nv_inference_request_failure` for model `m` with this `reason`.
+fn failures(metrics: &str, reason: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("nv_inference_request_failure{"))
+        .filter(|l| l.contains("model=\"m\"") && l.contains(&format!("reason=\"{reason}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What a backend does wrong is counted as the backend's (BACKEND), whatever the status it
+/// comes back as, and ejects it: a 503 of its own, and a 200 whose body is not a response
+/// (a backend answering garbage must not keep its share of the traffic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_faults_count_as_backend_failures_and_eject() {
+    let garbage = ScriptedBackend::start(OnInfer::Garbage).await;
+    let busy = ScriptedBackend::start(OnInfer::Fail(503, "overloaded")).await;
+    for (name, backend, status, message) in [
+        (
+            "garbage",
+            &garbage,
+            502,
+            "backend 'garbage' sent an invalid response: invalid JSON response: expected value at line 1 column 1",
+        ),
+        ("busy", &busy, 503, "backend 'busy': overloaded"),
+    ] {
+        let text = gateway_toml(
+            &[(name, backend.url.as_str())],
+            "refresh_interval_ms = 600000\neject_after_failures = 2\neject_base_ms = 600000\neject_max_ms = 600000",
+        );
+        let gw = tensorgate::run::start(parse_config(&text), true)
+            .await
+            .expect("the gateway starts");
+        let client = http_client();
+        assert!(
+            eventually(100, Duration::from_millis(100), || {
+                let gw = &gw;
+                async move { gw.gateway.fleet.catalog().get("m").is_some() }
+            })
+            .await
+        );
+        for i in 0..2 {
+            let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
+            assert_eq!((r.status, r.error()), (status, Some(message)), "{name} {i}");
+        }
+        let metrics = scrape(&gw).await;
+        assert_eq!(failures(&metrics, "BACKEND"), 2.0, "{name}:\n{metrics}");
+        assert_eq!(failures(&metrics, "REJECTED"), 0.0, "{name}:\n{metrics}");
+        let ejected = format!("tensorgate_backend_ejections_total{{backend=\"{name}\"}} 1");
+        assert!(metrics.contains(&ejected), "{name}:\n{metrics}");
+        gw.shutdown().await;
+    }
+}

@@ -101,6 +101,8 @@ async fn counters_move_exactly() {
         .await
         .unwrap();
     let m = parse(&text);
+    // Pins kept in memory: no shared store whose state a gauge could report.
+    assert!(!text.contains("tensorgate_pin_store_up"), "{text}");
     let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("missing {k} in\n{text}"));
     assert_eq!(
         get(r#"nv_inference_request_success{model="simple",version="1"}"#),

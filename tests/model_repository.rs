@@ -850,7 +850,7 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
     )
     .unwrap();
     let w = worker("w", &repo.0).await;
-    let bare = Worker::start("bare", "127.0.0.1", 0, &["simple"]).await;
+    let bare = Worker::start("bare", "127.0.0.1", 0, &["simple", "accumulate"]).await;
     let client = http_client();
     let extensions = |base: String| {
         let client = client.clone();
@@ -932,20 +932,34 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
         (200, &json!(8)),
         "{config}"
     );
-    let grpc_config = grpc
-        .model_config(pb::ModelConfigRequest {
-            name: "mlp".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .config
-        .unwrap();
-    assert_eq!(grpc_config.max_batch_size, 8);
+    let grpc_config = |name: &'static str| {
+        let mut grpc = grpc.clone();
+        async move {
+            let request = pb::ModelConfigRequest {
+                name: name.into(),
+                ..Default::default()
+            };
+            let answer = grpc.model_config(request).await.unwrap();
+            answer.into_inner().config.unwrap()
+        }
+    };
+    assert_eq!(grpc_config("mlp").await.max_batch_size, 8);
     // A demo model states no limit: the largest value, as before.
     let (_, config) = get_json(&client, &format!("{base}/v2/models/simple/config")).await;
     assert_eq!(config["max_batch_size"], i32::MAX, "{config}");
+    assert_eq!(config.get("sequence_batching"), None, "{config}");
+    // A sequence model says so, as Triton's configuration does (perf_analyzer and
+    // model_analyzer then send sequences), from the workers' configuration endpoint.
+    let (_, config) = get_json(&client, &format!("{base}/v2/models/accumulate/config")).await;
+    assert_eq!(config["sequence_batching"], json!({}), "{config}");
+    let accumulate = grpc_config("accumulate").await;
+    assert!(
+        matches!(
+            accumulate.scheduling_choice,
+            Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
+        ),
+        "{accumulate:?}"
+    );
 
     // What a load may carry: Triton's overrides are refused, not silently ignored; a body
     // that is not a JSON object is the client's error.

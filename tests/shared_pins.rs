@@ -425,6 +425,8 @@ async fn redis_killed_under_load_fails_no_request() {
     }
     assert!(stored, "no new sequence was stored after Redis came back");
     assert_eq!(r0.gateway.metrics.pin_store_up.get(), 1);
+    let text = String::from_utf8(r0.gateway.metrics.render()).unwrap();
+    assert!(text.contains("\ntensorgate_pin_store_up 1\n"), "{text}");
     r0.shutdown().await;
     r1.shutdown().await;
 }
@@ -764,7 +766,7 @@ async fn rediscovery_for_unknown_pinned_backends_runs_once_a_second() {
                 let error = r.body["error"].as_str().unwrap_or_default();
                 assert!(
                     error.contains(&format!(
-                        "({elsewhere}) is unavailable; the sequence's state is lost"
+                        "({elsewhere}) is not available to this replica (unhealthy, ejected, or not in its fleet); if it is gone, the sequence's state is lost"
                     )),
                     "sequence {id}: {error}"
                 );

@@ -104,14 +104,29 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
     let config = deserialize(text)?;
     let mut errors = Vec::new();
     let mut names = HashSet::new();
+    let mut urls: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
     for b in &config.backends {
-        if !names.insert(b.name.get_ref().clone()) {
+        let new_name = names.insert(b.name.get_ref().clone());
+        if !new_name {
             errors.push(ConfigError {
                 line: Some(line_of(text, b.name.span().start)),
                 message: format!("duplicate backend name '{}'", b.name.get_ref()),
             });
         }
         let url_line = Some(line_of(text, b.url.span().start));
+        // A backend is known by its URL (health, pins, metrics): one server listed twice
+        // would be two backends that share all of that, with twice its share of traffic.
+        let same = b.url.get_ref().trim_end_matches('/').to_ascii_lowercase();
+        if let Some(first) = urls.insert(same, b.name.get_ref()).filter(|_| new_name) {
+            errors.push(ConfigError {
+                line: url_line,
+                message: format!(
+                    "backend '{}' has the same url as backend '{first}' ({}); list each server once, and give it a weight for a larger share",
+                    b.name.get_ref(),
+                    b.url.get_ref()
+                ),
+            });
+        }
         if let Err(m) = check_url(b.url.get_ref()) {
             errors.push(ConfigError {
                 line: url_line,
@@ -580,6 +595,13 @@ mod tests {
                 "line 6: duplicate backend name 'a'",
                 "line 7: backend url 'http://h:1/v2' must not have a path",
             ]
+        );
+        let e = errors(
+            "[[backends]]\nname = \"a\"\nurl = \"http://h:1\"\n\n[[backends]]\nname = \"b\"\nurl = \"HTTP://H:1/\"\n",
+        );
+        assert_eq!(
+            e,
+            vec!["line 7: backend 'b' has the same url as backend 'a' (HTTP://H:1/); list each server once, and give it a weight for a larger share"]
         );
         let e = errors(
             "[[backends]]\nname = \"b\"\nurl = \"builtin\"\ndiscovery = \"dns\"\nweight = 0\n",

@@ -155,6 +155,15 @@ pub struct InferCall<'a> {
     pub headers: HeaderMap,
 }
 
+/// The parts of a backend's model configuration the gateway's own repeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatedConfig {
+    /// The largest batch the model takes (0: no batch dimension); `None`: not stated.
+    pub max_batch_size: Option<u32>,
+    /// The model keeps state across a sequence's requests (`sequence_batching`).
+    pub sequence_batching: bool,
+}
+
 pub trait Backend: Send + Sync {
     /// True for the built-in models, which take `Payload::Decoded`.
     fn in_process(&self) -> bool;
@@ -175,9 +184,9 @@ pub trait Backend: Send + Sync {
     fn labels(&self, _model: &str, _output: &str) -> Option<std::sync::Arc<Vec<String>>> {
         None
     }
-    /// The largest batch `model` takes, where the backend says (Triton's and tensorgate's
-    /// model configuration); `None` when it does not, or cannot be asked.
-    fn max_batch_size<'a>(&'a self, _model: &'a str) -> BoxFuture<'a, Option<u32>> {
+    /// What the backend's own configuration of `model` says (Triton's and tensorgate's);
+    /// `None` when it has none, or cannot be asked.
+    fn stated_config<'a>(&'a self, _model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
         Box::pin(async { None })
     }
     /// Loads (reading it again from the repository) or unloads one model, for a server that

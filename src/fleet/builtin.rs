@@ -11,7 +11,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use super::backend::{
     Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList, Payload, Reply,
-    RepositoryAction,
+    RepositoryAction, StatedConfig,
 };
 use crate::models::repository::{IndexEntry, ModelState, Repository};
 use crate::models::{Model, ModelError};
@@ -315,12 +315,11 @@ impl Backend for BuiltinBackend {
         self.models.load().get(model)?.model.labels(output)
     }
 
-    fn max_batch_size<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<u32>> {
-        let known = self
-            .models
-            .load()
-            .get(model)
-            .and_then(|slot| slot.model.max_batch_size());
+    fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
+        let known = self.models.load().get(model).map(|slot| StatedConfig {
+            max_batch_size: slot.model.max_batch_size(),
+            sequence_batching: slot.model.sequence_batching(),
+        });
         Box::pin(async move { known })
     }
 

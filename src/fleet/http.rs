@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::backend::{
     error_message, Backend, BackendError, BoxFuture, DiscoveredModel, InferCall, ModelList,
-    Payload, Reply, RepositoryAction,
+    Payload, Reply, RepositoryAction, StatedConfig,
 };
 use super::pool::{BackendBody, ConnPool, Connector, SendError};
 use crate::body::{full, Body, PartsBody};
@@ -501,13 +501,18 @@ impl Backend for HttpBackend {
 
     /// From the server's model configuration (`GET /v2/models/{m}/config`, Triton's and
     /// tensorgate's); a server without that endpoint (MLServer, KServe) has no answer.
-    fn max_batch_size<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<u32>> {
+    fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
         Box::pin(async move {
             let path = format!("/v2/models/{}/config", path_segment(model));
             let config: serde_json::Value = self.get_json(&path).await.ok()?;
-            config["max_batch_size"]
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
+            Some(StatedConfig {
+                max_batch_size: config["max_batch_size"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok()),
+                sequence_batching: config
+                    .get("sequence_batching")
+                    .is_some_and(|v| !v.is_null()),
+            })
         })
     }
 

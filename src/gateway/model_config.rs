@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::core::lookup;
 use super::Gateway;
 use crate::error::GatewayError;
+use crate::fleet::backend::StatedConfig;
 use crate::gateway::labels::Labels;
 use crate::protocol::grpc::pb;
 use crate::protocol::{DataType, ModelMetadata, TensorMetadata};
@@ -37,21 +38,34 @@ pub async fn model_config(
             output.label_filename = label_file(&output.name);
         }
     }
-    if config.max_batch_size == UNKNOWN_MAX_BATCH {
-        // Every backend that serves it is asked, at once: a request may go to any of them,
-        // so the batch every one takes is the smallest they state.
-        let wait = Duration::from_millis(gw.config().fleet.probe_timeout_ms);
-        let stated = futures_util::future::join_all(entry.ready.iter().map(|h| async move {
-            tokio::time::timeout(wait, h.backend.max_batch_size(model))
+    // Every backend that serves it is asked, at once: a request may go to any of them, so
+    // the batch every one takes is the smallest they state, and a model that one of them
+    // runs as a sequence model is one (its requests need sequence ids).
+    let wait = Duration::from_millis(gw.config().fleet.probe_timeout_ms);
+    let stated: Vec<StatedConfig> =
+        futures_util::future::join_all(entry.ready.iter().map(|h| async move {
+            tokio::time::timeout(wait, h.backend.stated_config(model))
                 .await
                 .ok()
                 .flatten()
-                .filter(|n| *n > 0)
         }))
-        .await;
-        if let Some(n) = stated.into_iter().flatten().min() {
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    if config.max_batch_size == UNKNOWN_MAX_BATCH {
+        let smallest = stated
+            .iter()
+            .filter_map(|s| s.max_batch_size.filter(|n| *n > 0))
+            .min();
+        if let Some(n) = smallest {
             config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
         }
+    }
+    if stated.iter().any(|s| s.sequence_batching) {
+        config.scheduling_choice = Some(pb::model_config::SchedulingChoice::SequenceBatching(
+            Default::default(),
+        ));
     }
     Ok(config)
 }

@@ -11,7 +11,9 @@ use http::StatusCode;
 use prometheus::{Histogram, IntCounter};
 use serde_json::{json, Value};
 
+use crate::error::GatewayError;
 use crate::metrics::{FailureReason, Metrics};
+use crate::protocol::ProtocolError;
 
 /// Which edge a request came in on: a label of the gateway's own series.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,6 +54,9 @@ pub struct Observation {
     pub compute_input: Duration,
     pub compute_infer: Duration,
     pub compute_output: Duration,
+    /// Why the request failed, from its error; `None` for an answer a layer made (shedding,
+    /// auth), whose status then decides (`reason`).
+    pub failure: Option<FailureReason>,
 }
 
 impl Observation {
@@ -256,6 +261,24 @@ impl Stats {
     }
 }
 
+/// Triton's failure reason for an error: the client's errors, shedding and the lack of a
+/// backend are refusals (REJECTED); what a backend did, or a backend lost with a sequence's
+/// state, is BACKEND; a deadline is CANCELED; our own bug is OTHER.
+pub fn failure_of(e: &GatewayError) -> FailureReason {
+    match e {
+        GatewayError::Timeout(_) => FailureReason::Canceled,
+        GatewayError::BadGateway(_)
+        | GatewayError::Unreachable(_)
+        | GatewayError::SequenceLost(_) => FailureReason::Backend,
+        GatewayError::Backend { status, .. } if status.is_server_error() => FailureReason::Backend,
+        GatewayError::Internal(_) | GatewayError::Protocol(ProtocolError::Inconsistent(_)) => {
+            FailureReason::Other
+        }
+        _ => FailureReason::Rejected,
+    }
+}
+
+/// The failure reason of an answer without an error behind it (a layer's).
 fn reason(status: StatusCode) -> FailureReason {
     match status.as_u16() {
         504 => FailureReason::Canceled,
@@ -310,7 +333,7 @@ fn record_series(
         series.success.inc();
         series.count.inc_by(obs.batch.max(1));
     } else {
-        let r = reason(status);
+        let r = obs.failure.unwrap_or_else(|| reason(status));
         metrics
             .nv_failure
             .with_label_values(&[model, version, r.as_str()])
@@ -472,6 +495,37 @@ mod tests {
         assert_eq!(&out, b"0123456789abcdef");
         write_hex(&mut out, 1);
         assert_eq!(&out, b"0000000000000001");
+    }
+
+    #[test]
+    fn failure_reasons_of_errors() {
+        let backend = |status| GatewayError::Backend {
+            status,
+            message: String::new(),
+        };
+        let m = String::new;
+        let cases = [
+            (GatewayError::BadRequest(m()), FailureReason::Rejected),
+            (GatewayError::NotFound(m()), FailureReason::Rejected),
+            (GatewayError::Unavailable(m()), FailureReason::Rejected),
+            (backend(StatusCode::BAD_REQUEST), FailureReason::Rejected),
+            (
+                backend(StatusCode::SERVICE_UNAVAILABLE),
+                FailureReason::Backend,
+            ),
+            (
+                backend(StatusCode::INTERNAL_SERVER_ERROR),
+                FailureReason::Backend,
+            ),
+            (GatewayError::SequenceLost(m()), FailureReason::Backend),
+            (GatewayError::BadGateway(m()), FailureReason::Backend),
+            (GatewayError::Unreachable(m()), FailureReason::Backend),
+            (GatewayError::Timeout(m()), FailureReason::Canceled),
+            (GatewayError::Internal(m()), FailureReason::Other),
+        ];
+        for (e, want) in cases {
+            assert_eq!(failure_of(&e), want, "{e:?}");
+        }
     }
 
     #[test]

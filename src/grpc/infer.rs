@@ -128,7 +128,7 @@ pub(super) async fn call(
     finish(
         gw,
         INFER_PATH,
-        &obs,
+        &mut obs,
         result.as_ref().err(),
         start,
         bytes_out,
@@ -199,7 +199,7 @@ pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
         finish(
             gw,
             path,
-            &Observation::new(Protocol::Grpc),
+            &mut Observation::new(Protocol::Grpc),
             Some(e),
             Instant::now(),
             0,
@@ -222,7 +222,7 @@ pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
 fn finish(
     gw: &Gateway,
     path: &str,
-    obs: &Observation,
+    obs: &mut Observation,
     error: Option<&GatewayError>,
     start: Instant,
     bytes_out: u64,
@@ -236,6 +236,7 @@ fn finish(
         .grpc_requests
         .with_label_values(&[path, code_name(code)])
         .inc();
+    obs.failure = error.map(crate::gateway::observe::failure_of);
     record_infer(&gw.metrics, &gw.stats, obs, status, elapsed, bytes_out);
     access_log(
         "gRPC",
@@ -382,7 +383,7 @@ async fn stream_message(
     finish(
         gw,
         STREAM_PATH,
-        &obs,
+        &mut obs,
         result.as_ref().err(),
         start,
         bytes_out,

@@ -79,6 +79,10 @@ impl Model for Accumulate {
         &self.meta
     }
 
+    fn sequence_batching(&self) -> bool {
+        true
+    }
+
     fn infer(&self, req: &InferRequest) -> Result<Vec<Tensor>, ModelError> {
         let now = Instant::now();
         self.sweep(now);

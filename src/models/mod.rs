@@ -57,6 +57,11 @@ pub trait Model: Send + Sync {
     fn max_batch_size(&self) -> Option<u32> {
         None
     }
+    /// Whether the model keeps state across the requests of a sequence (Triton's
+    /// `sequence_batching`): tools that read the configuration then send sequences.
+    fn sequence_batching(&self) -> bool {
+        false
+    }
     /// Classification labels the model carries for `output`, if any.
     /// Shared, since the gateway asks on every request it classifies.
     fn labels(&self, _output: &str) -> Option<Arc<Vec<String>>> {

@@ -127,6 +127,7 @@ impl PinStore {
             last_warning: AtomicU64::new(0),
             failures_since_warning: AtomicU64::new(0),
         };
+        metrics.expose_pin_store();
         store.up.set(1);
         tracing::info!(url = %store.url, ttl_ms = idle.as_millis() as u64, "sequence pins are shared through Redis");
         Ok(Some(Arc::new(store)))

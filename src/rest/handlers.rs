@@ -154,14 +154,15 @@ pub async fn model_config(
             v
         })
         .collect();
-    Ok(status_json(
-        StatusCode::OK,
-        json!({
-            "name": c.name,
-            "platform": c.platform,
-            "max_batch_size": c.max_batch_size,
-            "input": inputs,
-            "output": outputs,
-        }),
-    ))
+    let mut body = json!({
+        "name": c.name,
+        "platform": c.platform,
+        "max_batch_size": c.max_batch_size,
+        "input": inputs,
+        "output": outputs,
+    });
+    if let Some(pb::model_config::SchedulingChoice::SequenceBatching(_)) = c.scheduling_choice {
+        body["sequence_batching"] = json!({});
+    }
+    Ok(status_json(StatusCode::OK, body))
 }

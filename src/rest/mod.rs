@@ -67,6 +67,7 @@ impl tower::Service<Request<Body>> for Dispatch {
             let mut response = match dispatch(&gw, req, &mut obs).await {
                 Ok(r) => r,
                 Err(e) => {
+                    obs.failure = Some(observe::failure_of(&e));
                     let mut r = error_response(&e);
                     if let GatewayError::MethodNotAllowed(_) = e {
                         if let Some(allow) = allowed_method(e.message()) {

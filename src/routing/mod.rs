@@ -155,19 +155,16 @@ impl Router {
             if let Some(pinned) = self.pins.get(model, id) {
                 // A pinned sequence goes to its backend or nowhere: its state lives there.
                 return match entry.ready.iter().find(|h| h.key() == &*pinned) {
-                    Some(h) => {
-                        if opts.sequence_end {
-                            self.pins.remove(model, id);
-                        }
-                        Ok(Route {
-                            backend: h.clone(),
-                            fallbacks: Vec::new(),
-                        })
-                    }
+                    // The pin outlives an end request until the end is served
+                    // (`ended`): a retry of a failed end must find the same backend.
+                    Some(h) => Ok(Route {
+                        backend: h.clone(),
+                        fallbacks: Vec::new(),
+                    }),
                     None => {
                         self.pins.remove(model, id);
-                        Err(GatewayError::Unavailable(format!(
-                            "the backend of sequence {} of model '{model}' ({pinned}) is unavailable; the sequence's state is lost",
+                        Err(GatewayError::SequenceLost(format!(
+                            "the backend of sequence {} of model '{model}' ({pinned}) is not available to this replica (unhealthy, ejected, or not in its fleet); if it is gone, the sequence's state is lost",
                             describe_sequence(id)
                         )))
                     }
@@ -208,6 +205,13 @@ impl Router {
         })
     }
 
+    /// After a backend served the last request of a sequence: its pin goes.
+    pub fn ended(&self, model: &str, opts: &RequestOptions) {
+        if let (Some(id), true) = (&opts.sequence_id, opts.sequence_end) {
+            self.pins.remove(model, id);
+        }
+    }
+
     /// Forgets the pin `route` made for a request that no backend accepted.
     pub fn unpin(&self, model: &str, opts: &RequestOptions) {
         if let Some(id) = &opts.sequence_id {
@@ -216,12 +220,10 @@ impl Router {
     }
 
     /// Pins a sequence's request to `backend` (after the hash chose it, or after a fallback
-    /// found the sequence there); its last request leaves no pin.
+    /// found the sequence there); its last request adds none.
     pub fn pin<C: Candidate>(&self, model: &str, opts: &RequestOptions, backend: &C) {
         let Some(id) = &opts.sequence_id else { return };
-        if opts.sequence_end {
-            self.pins.remove(model, id);
-        } else if !self.pins.insert(model, id, backend.key()) {
+        if !opts.sequence_end && !self.pins.insert(model, id, backend.key()) {
             tracing::warn!(model, "sequence pin table is full; routing by hash alone");
         }
     }
@@ -364,6 +366,39 @@ mod tests {
             None,
             "an end leaves no pin"
         );
+    }
+
+    /// The last request of a sequence goes where the pin says and leaves the pin in place
+    /// until it is served: a client that retries a failed end reaches the same backend.
+    #[test]
+    fn an_end_keeps_its_pin_until_it_is_served() {
+        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
+        let table = SequenceTable::new(&[("http://a", 1), ("http://b", 1)], 1024);
+        let choices = || Choices {
+            ready: &backends,
+            table: &table,
+            history: &[],
+        };
+        let router = Router::new(100, Duration::from_secs(300));
+        let id = SequenceId::Uint(9);
+        let owner = router
+            .route(choices(), "m", &options(9, true), None)
+            .unwrap();
+        // Whatever the hash says, the sequence lives on the other backend now.
+        let elsewhere = if owner.backend.key == "http://a" {
+            &backends[1]
+        } else {
+            &backends[0]
+        };
+        router.pins.insert("m", &id, &elsewhere.key);
+        let mut end = options(9, false);
+        end.sequence_end = true;
+        for _ in 0..2 {
+            let r = router.route(choices(), "m", &end, None).unwrap();
+            assert_eq!(r.backend.key, elsewhere.key, "the end and its retry");
+        }
+        router.ended("m", &end);
+        assert_eq!(router.pins.get("m", &id), None);
     }
 
     #[test]

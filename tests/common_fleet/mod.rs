@@ -639,6 +639,8 @@ pub enum OnInfer {
     Close,
     /// Answers as `Answer` after this long.
     Delay(Duration),
+    /// 200 with a body that is not a v2 response, as a broken server would.
+    Garbage,
 }
 
 /// A minimal v2 server without the binary extension, serving model `m` (FP32 INPUT0 [-1]
@@ -733,6 +735,13 @@ async fn scripted_answer(
                 tokio::time::sleep(d).await;
                 reply(200, answer)
             }
+            OnInfer::Garbage => Ok(hyper::Response::builder()
+                .status(200)
+                .header("content-type", "text/html")
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    b"<html>proxy error</html>",
+                )))
+                .expect("a valid response")),
         };
     }
     match path.as_str() {

@@ -250,6 +250,7 @@ def config_tensors(ts):
 def test_model_config_of_simple(grpc_builtin):
     c = grpc_builtin.get_model_config("simple").config
     assert (c.name, c.platform, c.max_batch_size) == ("simple", "tensorgate_builtin", MAX_BATCH)
+    assert not c.HasField("sequence_batching")
     assert config_tensors(c.input) == [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
     assert config_tensors(c.output) == [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])]
 
@@ -258,6 +259,7 @@ def test_model_config_without_batch_dimension(grpc_builtin):
     """accumulate's tensors are [1]: no leading -1, so no batching, and dims as they are."""
     c = grpc_builtin.get_model_config("accumulate").config
     assert (c.name, c.platform, c.max_batch_size) == ("accumulate", "tensorgate_builtin", 0)
+    assert c.HasField("sequence_batching")  # a sequence model, as Triton's config says
     assert config_tensors(c.input) == [("INPUT0", "TYPE_INT32", [1])]
     assert config_tensors(c.output) == [("OUTPUT0", "TYPE_INT32", [1])]
 

@@ -138,6 +138,7 @@ impl Attempt<'_> {
             };
             let failure = match outcome {
                 Ok((outcome, moved_to)) => {
+                    gw.router.ended(model, options);
                     if let Some(store) = store {
                         let moved = moved_to.is_some();
                         let served = moved_to.unwrap_or(backend);
@@ -168,7 +169,7 @@ impl Attempt<'_> {
             if failure.retry == Retry::Anywhere && !may_move {
                 let id = options.sequence_id.as_ref().expect("in a sequence");
                 gw.router.pins.remove(model, id);
-                return Err(GatewayError::Unavailable(format!(
+                return Err(GatewayError::SequenceLost(format!(
                     "the backend of sequence {} of model '{model}' ({}) is unavailable; the sequence's state is lost",
                     crate::routing::describe_sequence(id),
                     backend.key
@@ -328,10 +329,11 @@ impl Attempt<'_> {
             } => {
                 if status.is_server_error() {
                     self.record_failure(backend);
-                } else {
-                    backend.health.record_success();
                 }
                 if !status.is_success() {
+                    if !status.is_server_error() {
+                        backend.health.record_success();
+                    }
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
                     return Err(Failure {
                         error: backend_status_error(backend, status, &bytes),
@@ -340,47 +342,70 @@ impl Attempt<'_> {
                     });
                 }
                 if passthrough.is_some() {
+                    backend.health.record_success();
                     let mut response = http::Response::new(body);
                     *response.status_mut() = status;
                     *response.headers_mut() = headers;
                     return Ok(Outcome::PassThrough(response));
                 }
-                let inferring = Phase::start();
-                let bytes = self.read(body, self.response_limit).await;
-                inferring.end(&mut obs.compute_infer);
-                let bytes = bytes?.map_err(|e| {
-                    GatewayError::BadGateway(format!(
-                        "backend '{}': reading its response failed: {e}",
-                        backend.name
-                    ))
-                })?;
-                let output = Phase::start();
-                let hl = headers
-                    .get(HEADER_CONTENT_LENGTH)
-                    .map(HeaderValue::as_bytes);
-                let (resp, tolerated) =
-                    decode_backend_response(&bytes, hl, self.limits).map_err(|e| {
-                        GatewayError::BadGateway(format!(
-                            "backend '{}' sent an invalid response: {e}",
-                            backend.name
-                        ))
-                    })?;
-                for t in tolerated.iter() {
-                    self.gw
-                        .metrics
-                        .backend_tolerated
-                        .with_label_values(&[&backend.name, t.label()])
-                        .inc();
+                // A 200 whose body cannot be read or used is the backend failing as surely
+                // as a 500: it counts toward ejection, or a backend that answers garbage
+                // would keep its share of the traffic.
+                let answer = self
+                    .use_answer(backend, &headers, body, classifications, obs)
+                    .await;
+                match &answer {
+                    Err(GatewayError::BadGateway(_)) => self.record_failure(backend),
+                    Err(_) => {}
+                    Ok(_) => backend.health.record_success(),
                 }
-                let from_binary = hl.is_some();
-                let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
-                output.end(&mut obs.compute_output);
-                Ok(Outcome::Response {
-                    response,
-                    from_binary,
-                })
+                Ok(answer?)
             }
         }
+    }
+
+    /// Reads, decodes and shapes a backend's successful answer.
+    async fn use_answer(
+        &self,
+        backend: &BackendHandle,
+        headers: &http::HeaderMap,
+        body: super::BackendBody,
+        classifications: &[Classification],
+        obs: &mut Observation,
+    ) -> Result<Outcome, GatewayError> {
+        let inferring = Phase::start();
+        let bytes = self.read(body, self.response_limit).await;
+        inferring.end(&mut obs.compute_infer);
+        let bytes = bytes?.map_err(|e| {
+            GatewayError::BadGateway(format!(
+                "backend '{}': reading its response failed: {e}",
+                backend.name
+            ))
+        })?;
+        let output = Phase::start();
+        let hl = headers
+            .get(HEADER_CONTENT_LENGTH)
+            .map(HeaderValue::as_bytes);
+        let (resp, tolerated) = decode_backend_response(&bytes, hl, self.limits).map_err(|e| {
+            GatewayError::BadGateway(format!(
+                "backend '{}' sent an invalid response: {e}",
+                backend.name
+            ))
+        })?;
+        for t in tolerated.iter() {
+            self.gw
+                .metrics
+                .backend_tolerated
+                .with_label_values(&[&backend.name, t.label()])
+                .inc();
+        }
+        let from_binary = hl.is_some();
+        let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
+        output.end(&mut obs.compute_output);
+        Ok(Outcome::Response {
+            response,
+            from_binary,
+        })
     }
 
     fn record_failure(&self, backend: &BackendHandle) {

@@ -367,6 +367,10 @@ impl Model for VersionedModel {
     fn max_batch_size(&self) -> Option<u32> {
         self.latest().max_batch_size()
     }
+
+    fn sequence_batching(&self) -> bool {
+        self.latest().sequence_batching()
+    }
 }
 
 #[cfg(test)]
