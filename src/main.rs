@@ -43,7 +43,8 @@ enum Command {
         /// Address of the v2 REST listener, overriding server.listen.
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
-        /// Address of the Prometheus /metrics listener, overriding server.metrics_listen.
+        /// Address of the Prometheus /metrics listener, overriding server.metrics_listen. It
+        /// cannot be turned off; bind it to 127.0.0.1 to keep it private.
         #[arg(long, value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
         /// Address of the v2 gRPC listener (inference.GRPCInferenceService and
