@@ -157,7 +157,7 @@ impl GatewayError {
     /// Trace and log settings belong to each backend, not to the gateway.
     pub fn backend_setting(what: &str) -> GatewayError {
         GatewayError::Unsupported(format!(
-            "{what} is not supported by tensorgate: set it on the backends themselves"
+            "{what} are not supported by tensorgate: set them on the backends themselves"
         ))
     }
 }

@@ -137,6 +137,30 @@ fn check_config_reports_errors_with_line_numbers() {
         format!("{p}: models.classifier.labels.OUTPUT0: cannot read /nonexistent/classes.txt: No such file or directory (os error 2)")
     );
 
+    // What serve would refuse for the shared pins: a URL variable not set where it runs,
+    // and a CA bundle without a certificate (rediss:// could never connect).
+    let ca = temp_file(
+        "not-a-ca.pem",
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    );
+    let path = temp_file(
+        "pins.toml",
+        &format!(
+            "[fleet.pins]\nstore = \"redis\"\nurl_env = \"TENSORGATE_TEST_NEVER_SET\"\nca = {:?}\n",
+            ca.display().to_string()
+        ),
+    );
+    let p = path.to_str().unwrap();
+    let out = tensorgate(&["check-config", p]);
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).lines().collect::<Vec<_>>(),
+        [
+            format!("{p}: fleet.pins.ca: {} holds no PEM certificate (BEGIN CERTIFICATE)", ca.display()),
+            format!("{p}: fleet.pins.url_env names TENSORGATE_TEST_NEVER_SET, which is not set here (serve would refuse to start)"),
+        ]
+    );
+
     // A missing file.
     let out = tensorgate(&["check-config", "/nonexistent/tensorgate.toml"]);
     assert!(!out.status.success());

@@ -51,7 +51,7 @@ async fn unknown_model_path_method_and_version() {
         // Triton's endpoints that a gateway does not offer: 501, saying so, as over gRPC.
         let memory = "is not supported by tensorgate: it forwards tensors in the request itself; \
                       send them in the request (binary tensor data over REST, raw_input_contents over gRPC)";
-        let setting = "is not supported by tensorgate: set it on the backends themselves";
+        let setting = "are not supported by tensorgate: set them on the backends themselves";
         let r = env.get("/v2/systemsharedmemory/status").await;
         r.assert_error(501, &format!("system shared memory {memory}"));
         let r = env

@@ -546,6 +546,37 @@ async fn tls_and_a_password_reach_redis() {
     assert_eq!(redis.get(&format!("{PREFIX}accumulate:u:78")), None);
     gw.shutdown().await;
     gw2.shutdown().await;
+
+    // A gateway process says at startup why Redis refuses it: within the operations'
+    // 50 ms a refused AUTH would read as "no answer".
+    let dir = TempDir::new("wrong-password");
+    let pairs: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let config = dir.0.join("gateway.toml");
+    std::fs::write(&config, gateway_toml(&pairs, &secure(&wrong))).unwrap();
+    let gw3 = GatewayProcess::start(&config, dir.0.join("gateway.log")).await;
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = gw3.log_text();
+        if log.contains("the pin store cannot be used") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("the pin store cannot be used"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    assert!(
+        refusal.contains("error=Password authentication failed"),
+        "{refusal}"
+    );
+    assert!(
+        !refusal.contains("wrong@"),
+        "the password is shown: {refusal}"
+    );
 }
 
 /// Claims that wait together go to Redis together: one script call answers 120 of them,

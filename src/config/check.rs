@@ -414,7 +414,26 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
         }
     }
     if let Some(ca) = &config.fleet.pins.ca {
-        named.push(("fleet.pins.ca".into(), ca));
+        match std::fs::read(ca) {
+            Ok(pem) => {
+                if let Some(why) = super::redis_url::ca_problem(&pem) {
+                    errors_dirs.push(ConfigError {
+                        line: None,
+                        message: format!("fleet.pins.ca: {} {why}", ca.display()),
+                    });
+                }
+            }
+            Err(_) => named.push(("fleet.pins.ca".into(), ca)),
+        }
+    }
+    // Read where `serve` will run: an unset variable stops it from starting.
+    if config.fleet.pins.store == super::PinStoreKind::Redis {
+        if let Err(e) = config.fleet.pins.resolve_url() {
+            errors_dirs.push(ConfigError {
+                line: None,
+                message: format!("{e} here (serve would refuse to start)"),
+            });
+        }
     }
     for (model, mc) in &config.models {
         for (output, p) in &mc.labels {

@@ -27,18 +27,26 @@ pub fn check_url(url: &str) -> Result<(), String> {
         .map_err(|e| format!("'{}': {e}", redact(url)))
 }
 
-/// The URL without its password, for messages and logs, whatever its scheme.
+/// Why a `fleet.pins.ca` bundle cannot serve as roots for `rediss://`, if it cannot: no
+/// PEM certificate in it (a key, an empty file, DER bytes).
+pub fn ca_problem(pem: &[u8]) -> Option<&'static str> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let certificates = CertificateDer::pem_slice_iter(pem)
+        .filter(Result::is_ok)
+        .count();
+    (certificates == 0).then_some("holds no PEM certificate (BEGIN CERTIFICATE)")
+}
+
+/// The URL without its password, for messages and logs, whatever its scheme. The password
+/// ends at the last `@`, not at the first `/`, `?` or `#`: a password written without
+/// percent-encoding may hold any of them (and such a URL is exactly the one an error message
+/// shows). Erring the other way only hides more than the password.
 pub fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
     };
-    let authority_end = url[scheme_end..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end]
-        .rfind('@')
-        .map(|i| scheme_end + i)
-    else {
+    let Some(at) = url[scheme_end..].rfind('@').map(|i| scheme_end + i) else {
         return url.to_string();
     };
     match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
@@ -71,5 +79,13 @@ mod tests {
         assert_eq!(redact("http://:pw@h:1"), "http://:***@h:1");
         assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
         assert_eq!(redact("not a url"), "not a url");
+        // Passwords that were not percent-encoded hide nothing of themselves.
+        for password in ["se?cret", "se/cret", "se#cret", "se@cret", "a/b?c#d@e"] {
+            let url = format!("redis://:{password}@h:1/0");
+            assert_eq!(redact(&url), "redis://:***@h:1/0", "{url}");
+            if let Err(e) = check_url(&url) {
+                assert!(!e.contains(password), "{e}");
+            }
+        }
     }
 }

@@ -81,6 +81,10 @@ pub struct PinStore {
     failures_since_warning: AtomicU64,
 }
 
+/// How long the startup probe waits for Redis: long enough for a TLS handshake and AUTH to
+/// fail with their own errors.
+const STARTUP_PROBE: Duration = Duration::from_secs(3);
+
 impl PinStore {
     /// The shared store the config asks for, or `None` for pins in memory only.
     pub fn from_config(
@@ -96,10 +100,14 @@ impl PinStore {
             .ok_or("fleet.pins.url is required with store = \"redis\"")?;
         check_url(&url).map_err(|e| format!("fleet.pins.url: {e}"))?;
         let ca = match &pins.ca {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| format!("fleet.pins.ca: cannot read {}: {e}", path.display()))?,
-            ),
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| format!("fleet.pins.ca: cannot read {}: {e}", path.display()))?;
+                if let Some(why) = crate::config::redis_url::ca_problem(&pem) {
+                    return Err(format!("fleet.pins.ca: {} {why}", path.display()));
+                }
+                Some(pem)
+            }
             None => None,
         };
         let timeout = Duration::from_millis(pins.timeout_ms.max(1));
@@ -130,7 +138,23 @@ impl PinStore {
         metrics.expose_pin_store();
         store.up.set(1);
         tracing::info!(url = %store.url, ttl_ms = idle.as_millis() as u64, "sequence pins are shared through Redis");
-        Ok(Some(Arc::new(store)))
+        let store = Arc::new(store);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(store.clone().probe());
+        }
+        Ok(Some(store))
+    }
+
+    /// Says at startup whether Redis accepts this gateway, and if not, why.
+    async fn probe(self: Arc<Self>) {
+        match self.redis.probe(STARTUP_PROBE).await {
+            Ok(()) => tracing::info!(url = %self.url, "the pin store answers"),
+            Err(e) => tracing::error!(
+                url = %self.url,
+                error = %e,
+                "the pin store cannot be used; sequences are routed as with pins in memory until it can (check the URL's password, fleet.pins.ca, and that Redis runs)"
+            ),
+        }
     }
 
     /// Before routing a request of a sequence: whether the route must be claimed in the store

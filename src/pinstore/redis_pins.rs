@@ -14,6 +14,8 @@ use crate::protocol::SequenceId;
 use super::claims::Claims;
 
 pub struct RedisPins {
+    /// For the startup probe, which opens a connection of its own.
+    client: Client,
     conn: ConnectionManager,
     claims: Claims,
     prefix: String,
@@ -51,15 +53,37 @@ impl RedisPins {
             // without the store meanwhile, and retries come with later requests.
             .set_number_of_retries(1)
             .set_max_delay(timeout);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
             .map_err(|e| format!("{}: {e}", redact(url)))?;
         let ttl_ms = ttl.as_millis().max(1) as u64;
         Ok(RedisPins {
+            client,
             claims: Claims::new(conn.clone(), ttl_ms, claim_trips),
             conn,
             prefix: prefix.to_string(),
             ttl_ms,
         })
+    }
+
+    /// Opens a connection and sends PING, within `wait`. At startup, with more time than an
+    /// operation gets, so that a refusal (a wrong password, a certificate that is not
+    /// trusted) is reported as what it is: within `timeout_ms` it would only be "no answer".
+    pub async fn probe(&self, wait: Duration) -> Result<(), String> {
+        let ping = async {
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(wait, ping)
+            .await
+            .map_err(|_| format!("no answer within {} ms", wait.as_millis()))?
     }
 
     pub fn key(&self, model: &str, id: &SequenceId) -> String {

@@ -334,6 +334,6 @@ def test_unsupported_triton_endpoints_are_501_with_a_reason(gw_builtin):
               "itself; send them in the request (binary tensor data over REST, raw_input_contents over gRPC)")
     expect_error(lambda: gw_builtin.get_system_shared_memory_status(), 501, memory)
     expect_error(lambda: gw_builtin.get_trace_settings(), 501,
-                 "trace settings is not supported by tensorgate: set it on the backends themselves")
+                 "trace settings are not supported by tensorgate: set them on the backends themselves")
     expect_error(lambda: gw_builtin.update_log_settings({"log_info": True}), 501,
-                 "log settings is not supported by tensorgate: set it on the backends themselves")
+                 "log settings are not supported by tensorgate: set them on the backends themselves")

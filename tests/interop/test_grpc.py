@@ -41,7 +41,7 @@ BUILTIN_NAMES = {"simple", "accumulate", "classifier"} | {
                               "int64", "fp16", "bf16", "fp32", "fp64", "bytes")}
 UNSUPPORTED_MEMORY = ("{} is not supported by tensorgate: it forwards tensors in the request itself; "
                       "send them in the request (binary tensor data over REST, raw_input_contents over gRPC)")
-NOT_FOR_A_GATEWAY = "{} is not supported by tensorgate: set it on the backends themselves"
+NOT_FOR_A_GATEWAY = "{} are not supported by tensorgate: set them on the backends themselves"
 WAIT_S = 30.0  # bound of every wait for a callback or a thread
 
 

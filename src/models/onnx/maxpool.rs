@@ -5,9 +5,9 @@
 //! every other pool stays tract's.
 //!
 //! It reduces two input rows into one with an element-wise max (contiguous, so it
-//! vectorises), then folds each pair of that row into an output element. The result is
-//! tract's, NaN included: the maximum of the taps that are numbers, and `f32::MIN` when all
-//! four are NaN.
+//! vectorises), then folds each pair of that row into an output element. Non-finite values
+//! come out as onnxruntime gives them, which tract's pools do not: a window with a NaN gives
+//! NaN (tract skips NaN taps), and a window of -inf gives -inf (tract starts from `f32::MIN`).
 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::{EvalContext, EvalOp, Op, StaticName, TypedOp};
@@ -91,12 +91,22 @@ fn pool(input: &[f32], output: &mut [f32], h: usize, w: usize) {
             let top = &plane[2 * oy * w..][..2 * ow];
             let bottom = &plane[(2 * oy + 1) * w..][..2 * ow];
             for ((p, t), b) in pairs.iter_mut().zip(top).zip(bottom) {
-                *p = t.max(*b);
+                *p = max_or_nan(*t, *b);
             }
             for (o, pair) in out_row.iter_mut().zip(pairs.chunks_exact(2)) {
-                *o = f32::MIN.max(pair[0].max(pair[1]));
+                *o = max_or_nan(pair[0], pair[1]);
             }
         }
+    }
+}
+
+/// The larger of `a` and `b`, or NaN if either is: a compare and a select, which vectorise.
+#[inline(always)]
+fn max_or_nan(a: f32, b: f32) -> f32 {
+    if a > b || a.is_nan() {
+        a
+    } else {
+        b
     }
 }
 
@@ -153,17 +163,20 @@ pub fn replace_pools(model: &mut TypedModel) -> TractResult<usize> {
 mod tests {
     use super::*;
 
-    /// tract's own scalar reading of the same pool, tap by tap.
+    /// The pool read tap by tap: NaN if a tap is, else the largest tap.
     fn reference(input: &[f32], n_planes: usize, h: usize, w: usize) -> Vec<f32> {
         let (oh, ow) = (h / 2, w / 2);
         let mut out = Vec::with_capacity(n_planes * oh * ow);
         for p in 0..n_planes {
             for oy in 0..oh {
                 for ox in 0..ow {
-                    let mut m = f32::MIN;
-                    for (dy, dx) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-                        m = m.max(input[p * h * w + (2 * oy + dy) * w + 2 * ox + dx]);
-                    }
+                    let taps = [(0, 0), (0, 1), (1, 0), (1, 1)]
+                        .map(|(dy, dx)| input[p * h * w + (2 * oy + dy) * w + 2 * ox + dx]);
+                    let m = if taps.iter().any(|t| t.is_nan()) {
+                        f32::NAN
+                    } else {
+                        taps.into_iter().fold(f32::NEG_INFINITY, f32::max)
+                    };
                     out.push(m);
                 }
             }
@@ -183,13 +196,40 @@ mod tests {
         }
     }
 
+    /// As onnxruntime: a NaN anywhere in a window is the window's value, wherever it sits,
+    /// and a window of -inf stays -inf.
     #[test]
-    fn nan_taps_are_skipped_and_an_all_nan_window_is_f32_min() {
-        let nan = f32::NAN;
-        let input = [nan, 1.0, nan, nan, nan, -3.0, nan, nan];
+    fn non_finite_windows_come_out_as_onnxruntime_gives_them() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        for at in 0..4 {
+            let mut window = [1.0, 2.0, 3.0, 4.0];
+            window[at] = nan;
+            let input = [window[0], window[1], window[2], window[3]];
+            let mut out = [0.0; 1];
+            pool(&input, &mut out, 2, 2);
+            assert!(out[0].is_nan(), "NaN at tap {at}: {}", out[0]);
+        }
+        let input = [-inf, -inf, 5.0, -inf, -inf, -inf, -inf, inf];
         let mut out = [0.0; 2];
         pool(&input, &mut out, 2, 4);
-        assert_eq!(out, [1.0, f32::MIN]);
+        assert_eq!(out, [-inf, inf]);
+        let planes: Vec<f32> = (0..2 * 6 * 6)
+            .map(|i| match i % 7 {
+                0 => nan,
+                3 => -inf,
+                5 => inf,
+                k => k as f32,
+            })
+            .collect();
+        let mut out = vec![0.0; 2 * 3 * 3];
+        pool(&planes, &mut out, 6, 6);
+        let want = reference(&planes, 2, 6, 6);
+        for (got, want) in out.iter().zip(&want) {
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{got} against {want}"
+            );
+        }
     }
 
     #[test]

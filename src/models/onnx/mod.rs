@@ -322,21 +322,43 @@ fn merge(
                 ));
             }
             let mut shape = c.shape.clone();
-            if max_batch_size > 0 {
+            let batched = max_batch_size > 0;
+            if batched {
                 shape.insert(0, -1);
             }
+            let after_batch = if batched {
+                " after the batch dimension"
+            } else {
+                ""
+            };
             if shape.len() != g.shape.len() {
                 return Err(format!(
-                    "{role} '{}': config.pbtxt gives {} dimensions{}, the model has {}",
+                    "{role} '{}': config.pbtxt gives {} dimensions{after_batch}, the model has {}",
                     g.name,
                     c.shape.len(),
-                    if max_batch_size > 0 {
-                        " after the batch dimension"
-                    } else {
-                        ""
-                    },
-                    g.shape.len()
+                    g.shape.len() - usize::from(batched && !g.shape.is_empty())
                 ));
+            }
+            if batched && g.shape[0] >= 0 {
+                return Err(format!(
+                    "{role} '{}': config.pbtxt sets max_batch_size {max_batch_size}, but the model's first dimension is fixed at {}; set max_batch_size: 0 and give the full dims",
+                    g.name, g.shape[0]
+                ));
+            }
+            // Triton's rule: config.pbtxt may fix a dimension the graph leaves variable, not
+            // contradict one the graph fixes, nor leave it variable (clients would send
+            // shapes the model refuses).
+            let skip = usize::from(batched);
+            for (axis, (&want, &has)) in shape.iter().zip(&g.shape).enumerate().skip(skip) {
+                if want < -1 || (has >= 0 && want != has) {
+                    return Err(format!(
+                        "{role} '{}': config.pbtxt gives dims {:?}{after_batch}, the model has {:?} (dimension {} is {has} in the model, {want} in config.pbtxt)",
+                        g.name,
+                        c.shape,
+                        &g.shape[skip..],
+                        axis - skip
+                    ));
+                }
             }
             Ok(TensorMetadata {
                 name: g.name.clone(),
@@ -362,6 +384,9 @@ fn v2_datatype(dt: DatumType) -> Option<DataType> {
         DatumType::F32 => DataType::Fp32,
         DatumType::F64 => DataType::Fp64,
         DatumType::String => DataType::Bytes,
+        // Shape arithmetic (`Shape`, a `Cast` tract folds into it) yields dimensions: INT64
+        // in ONNX, and in v2.
+        DatumType::TDim => DataType::Int64,
         _ => return None,
     })
 }
@@ -403,6 +428,9 @@ fn from_tract(name: &str, t: &Tensor) -> Result<V2Tensor, ModelError> {
             DataType::Bytes,
             frame_bytes(view.iter().map(String::as_bytes)),
         )
+    } else if t.datum_type() == DatumType::TDim {
+        let t = t.cast_to::<i64>().map_err(|e| failed(format!("{e:#}")))?;
+        (DataType::Int64, Bytes::copy_from_slice(t.as_bytes()))
     } else {
         let datatype = v2_datatype(t.datum_type())
             .ok_or_else(|| failed(format!("type {:?} has no v2 datatype", t.datum_type())))?;
@@ -486,5 +514,116 @@ mod tests {
         for (a, b) in general.iter().zip(&special) {
             assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} against {b}");
         }
+    }
+
+    fn fixture(repo: &str, name: &str, settings: ModelSettings) -> Result<OnnxModel, String> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/onnx")
+            .join(repo)
+            .join(name)
+            .join("1/model.onnx");
+        OnnxModel::load(
+            &path,
+            ModelSettings {
+                name: name.into(),
+                versions: vec!["1".into()],
+                instances: 1,
+                ..settings
+            },
+        )
+    }
+
+    /// Dimensions computed by the graph (`Shape`, a `Cast` of one) are tract's own type:
+    /// published and answered as INT64, with onnxruntime's values.
+    #[test]
+    fn dimension_outputs_are_int64() {
+        let model = fixture("dims", "dims", ModelSettings::default()).unwrap();
+        let types: Vec<&str> = model
+            .meta
+            .outputs
+            .iter()
+            .map(|t| t.datatype.as_str())
+            .collect();
+        assert_eq!(types, ["INT64", "INT64"]);
+        let x = V2Tensor {
+            name: "X".into(),
+            datatype: DataType::Fp32,
+            shape: vec![5, 3],
+            parameters: Parameters::new(),
+            data: Bytes::from(vec![0u8; 5 * 3 * 4]),
+        };
+        let req = InferRequest {
+            id: None,
+            parameters: Parameters::new(),
+            options: RequestOptions::default(),
+            inputs: vec![x],
+            outputs: None,
+        };
+        let out = model.infer(&req).unwrap();
+        let int64s = |t: &V2Tensor| -> Vec<i64> {
+            t.data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        assert_eq!(
+            (out[0].datatype, int64s(&out[0])),
+            (DataType::Int64, vec![5, 3])
+        );
+        assert_eq!(
+            (out[1].datatype, int64s(&out[1])),
+            (DataType::Int64, vec![5])
+        );
+    }
+
+    fn tensor(name: &str, shape: &[i64]) -> TensorMetadata {
+        TensorMetadata {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// config.pbtxt may fix what the graph leaves variable, and nothing else: dims that
+    /// contradict the graph would be published and then refused by the model.
+    #[test]
+    fn config_dims_must_agree_with_the_graph() {
+        let graph = [tensor("X", &[-1, 16, -1])];
+        let merged = merge(&graph, &[tensor("X", &[16, 4])], 8, "input").unwrap();
+        assert_eq!(merged[0].shape, [-1, 16, 4]);
+        let cases = [
+            (
+                &[8, 4][..],
+                8,
+                "input 'X': config.pbtxt gives dims [8, 4] after the batch dimension, the model has [16, -1] (dimension 0 is 16 in the model, 8 in config.pbtxt)",
+            ),
+            (
+                &[-1, 4],
+                8,
+                "input 'X': config.pbtxt gives dims [-1, 4] after the batch dimension, the model has [16, -1] (dimension 0 is 16 in the model, -1 in config.pbtxt)",
+            ),
+            (
+                &[16, -2],
+                8,
+                "input 'X': config.pbtxt gives dims [16, -2] after the batch dimension, the model has [16, -1] (dimension 1 is -1 in the model, -2 in config.pbtxt)",
+            ),
+            (
+                &[16],
+                8,
+                "input 'X': config.pbtxt gives 1 dimensions after the batch dimension, the model has 2",
+            ),
+        ];
+        for (dims, batch, want) in cases {
+            assert_eq!(
+                merge(&graph, &[tensor("X", dims)], batch, "input"),
+                Err(want.to_string())
+            );
+        }
+        let fixed = [tensor("X", &[1, 16])];
+        assert_eq!(
+            merge(&fixed, &[tensor("X", &[16])], 8, "input"),
+            Err("input 'X': config.pbtxt sets max_batch_size 8, but the model's first dimension is fixed at 1; set max_batch_size: 0 and give the full dims".to_string())
+        );
+        assert!(merge(&fixed, &[tensor("X", &[1, 16])], 0, "input").is_ok());
     }
 }

@@ -222,9 +222,55 @@ impl Repository {
                 }
             }
         }
+        agree_with_latest(&mut versions, &mut entries);
         let model = VersionedModel::new(versions).map(|m| Arc::new(m) as Arc<dyn Model>);
         Ok(LoadedModel { model, entries })
     }
+}
+
+/// Versions of one model share one configuration (in Triton, one config.pbtxt), and a
+/// gateway publishes one set of inputs and outputs per model: a version whose tensors differ
+/// from the latest version's would be advertised with shapes it refuses. It is UNAVAILABLE,
+/// with a reason that says so, and the others serve.
+fn agree_with_latest(versions: &mut BTreeMap<i64, Arc<dyn Model>>, entries: &mut [IndexEntry]) {
+    let Some((&latest, model)) = versions.iter().next_back() else {
+        return;
+    };
+    let (inputs, outputs) = {
+        let meta = model.metadata();
+        (meta.inputs.clone(), meta.outputs.clone())
+    };
+    versions.retain(|&version, model| {
+        let meta = model.metadata();
+        if meta.inputs == inputs && meta.outputs == outputs {
+            return true;
+        }
+        let reason = format!(
+            "its inputs or outputs differ from version {latest}'s (inputs {}, outputs {} against {}, {}); the versions of a model share one configuration, as in Triton: serve it as a model of its own",
+            describe(&meta.inputs),
+            describe(&meta.outputs),
+            describe(&inputs),
+            describe(&outputs)
+        );
+        tracing::error!(model = %meta.name, version, %reason, "model version not served");
+        if let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.version.as_deref() == Some(version.to_string().as_str()))
+        {
+            e.state = ModelState::Unavailable;
+            e.reason = reason;
+        }
+        false
+    });
+}
+
+/// `[A INT32 [-1,4], B FP32 [3]]`.
+fn describe(tensors: &[TensorMetadata]) -> String {
+    let each: Vec<String> = tensors
+        .iter()
+        .map(|t| format!("{} {} {:?}", t.name, t.datatype, t.shape).replace(", ", ","))
+        .collect();
+    format!("[{}]", each.join(", "))
 }
 
 /// Model directory names are single path components: nothing may reach outside the
@@ -408,6 +454,45 @@ mod tests {
                 dir.join("nope").display()
             ))
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Versions share one configuration: one whose tensors differ from the latest's is not
+    /// served (it would be published with shapes it refuses), and says why; the latest is.
+    #[cfg(feature = "onnx")]
+    #[test]
+    fn a_version_whose_tensors_differ_from_the_latest_is_unavailable() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx/repo");
+        let dir = std::env::temp_dir().join(format!("tg-repo-versions-{}", std::process::id()));
+        for (version, source) in [("1", "cnn/1"), ("2", "mlp/2"), ("3", "mlp/1")] {
+            std::fs::create_dir_all(dir.join("m").join(version)).unwrap();
+            std::fs::copy(
+                fixtures.join(source).join(MODEL_FILE),
+                dir.join("m").join(version).join(MODEL_FILE),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("m/config.pbtxt"), "version_policy: { all: {} }\n").unwrap();
+        let loaded = Repository::open(&dir, []).unwrap().load("m");
+        let states: Vec<(Option<&str>, ModelState)> = loaded
+            .entries
+            .iter()
+            .map(|e| (e.version.as_deref(), e.state))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (Some("1"), ModelState::Unavailable),
+                (Some("2"), ModelState::Ready),
+                (Some("3"), ModelState::Ready)
+            ]
+        );
+        assert_eq!(
+            loaded.entries[0].reason,
+            "its inputs or outputs differ from version 3's (inputs [IMAGE FP32 [-1,1,28,28]], outputs [LOGITS FP32 [-1,10]] against [INPUT FP32 [-1,16]], [PROBS FP32 [-1,10]]); the versions of a model share one configuration, as in Triton: serve it as a model of its own"
+        );
+        let model = loaded.model.unwrap();
+        assert_eq!(model.metadata().versions, ["2", "3"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
