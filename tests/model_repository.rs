@@ -1064,3 +1064,35 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
     assert_eq!(status, 200);
     gw.shutdown().await;
 }
+
+/// A rolling update: one worker serves version 1 of `mlp`, the other already version 2.
+/// A request for a version goes only to a worker that lists it, whichever the gateway took
+/// the metadata from; a request without a version may go to either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_goes_to_the_backends_that_have_it() {
+    let (old, new) = (repository("rolling-old"), repository("rolling-new"));
+    std::fs::remove_dir_all(old.path("mlp").join("2")).unwrap();
+    let (a, b) = (worker("a", &old.0).await, worker("b", &new.0).await);
+    let gw = gateway_over(&[("a", &a.url), ("b", &b.url)]).await;
+    let client = http_client();
+    let body = json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]});
+    for (version, backend) in [("1", "a"), ("2", "b")] {
+        for i in 0..12 {
+            let url = format!("{}/v2/models/mlp/versions/{version}/infer", base(&gw));
+            let r = client.post(&url).json(&body).send().await.unwrap();
+            let served = r.headers()["x-tensorgate-backend"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            let status = r.status().as_u16();
+            let answer: Value = r.json().await.unwrap();
+            assert_eq!(
+                (status, served.as_str()),
+                (200, backend),
+                "version {version}, request {i}: {answer}"
+            );
+            assert_eq!(answer["model_version"], version, "{answer}");
+        }
+    }
+    gw.shutdown().await;
+}

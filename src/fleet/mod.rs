@@ -111,6 +111,14 @@ impl crate::routing::Candidate for BackendHandle {
 }
 
 impl BackendHandle {
+    /// Whether the backend lists `version` of `model`; one that lists no versions (KServe)
+    /// or does not report the model is not ruled out.
+    pub fn serves_version(&self, model: &str, version: &str) -> bool {
+        self.state.load().models.get(model).is_none_or(|m| {
+            m.metadata.versions.is_empty() || m.metadata.versions.iter().any(|v| v == version)
+        })
+    }
+
     pub fn capabilities(&self) -> Capabilities {
         self.state.load().capabilities
     }

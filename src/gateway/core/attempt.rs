@@ -184,9 +184,27 @@ impl Attempt<'_> {
         entry: &CatalogEntry,
         refused: Option<&str>,
     ) -> Result<BackendRoute, GatewayError> {
-        self.gw
-            .router
-            .route(entry.choices(), self.model, &self.req.options, refused)
+        let (router, options) = (&self.gw.router, &self.req.options);
+        // During a rolling update some backends have a version and some not yet: a request
+        // for a version goes to those that list it. Not inside a sequence, whose backend is
+        // its pin or its hash owner over every backend of the model; and when none lists it,
+        // every backend may answer for itself.
+        if let (Some(version), None) = (self.version, &options.sequence_id) {
+            let serving: Vec<_> = entry
+                .ready
+                .iter()
+                .filter(|h| h.serves_version(self.model, version))
+                .cloned()
+                .collect();
+            if !serving.is_empty() && serving.len() < entry.ready.len() {
+                let choices = crate::routing::Choices {
+                    ready: &serving,
+                    ..entry.choices()
+                };
+                return router.route(choices, self.model, options, refused);
+            }
+        }
+        router.route(entry.choices(), self.model, options, refused)
     }
 
     /// One attempt on `backend`, with the classifications it needs from the gateway.

@@ -30,7 +30,18 @@ pub fn lookup(
                 "model '{model}' lists no versions; address it without '/versions/{v}'"
             )));
         }
-        if !versions.iter().any(|x| x == v) {
+        // The metadata is the first backend's; during a rolling update another may have
+        // the version already, and routing sends the request there.
+        let elsewhere = || {
+            entry.ready.iter().any(|h| {
+                h.state
+                    .load()
+                    .models
+                    .get(model)
+                    .is_some_and(|m| m.metadata.versions.iter().any(|x| x == v))
+            })
+        };
+        if !versions.iter().any(|x| x == v) && !elsewhere() {
             return Err(GatewayError::NotFound(format!(
                 "model '{model}' has no version '{v}' (its versions are {})",
                 versions.join(", ")
