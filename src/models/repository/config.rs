@@ -99,6 +99,8 @@ pub fn parse(text: &str) -> Result<ModelConfigFile, ConfigError> {
     let desc = POOL
         .get_message_by_name("inference.ModelConfig")
         .expect("model_config.proto defines inference.ModelConfig");
+    // Editors on Windows start files with a byte-order mark, which the text format lacks.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let text = &colon_before_lists(text);
     let msg = DynamicMessage::parse_text_format(desc, text).map_err(|e| {
         let line = e
@@ -149,23 +151,31 @@ pub fn parse(text: &str) -> Result<ModelConfigFile, ConfigError> {
         }
     }
     if !groups.is_empty() {
-        config.instances = Some(
-            groups
-                .iter()
-                .map(|g| {
-                    g.get_field_by_name("count")
-                        .and_then(|v| v.as_i32())
-                        .unwrap_or(1)
-                        .max(1) as usize
-                })
-                .sum(),
-        );
+        let mut total = 0usize;
+        for (i, g) in groups.iter().enumerate() {
+            // Unset is Triton's default of 1; a count set to 0 or less is refused, as Triton
+            // refuses it, rather than read as 1.
+            let count = if g.has_field_by_name("count") {
+                g.get_field_by_name("count")
+                    .and_then(|v| v.as_i32())
+                    .unwrap_or(0)
+            } else {
+                1
+            };
+            if count < 1 {
+                return Err(
+                    format!("instance_group[{i}].count must be at least 1, not {count}").into(),
+                );
+            }
+            total += count as usize;
+        }
+        config.instances = Some(total);
     }
     if let Some(policy) = msg
         .get_field_by_name("version_policy")
         .and_then(|v| v.as_message().cloned())
     {
-        config.version_policy = version_policy(&policy);
+        config.version_policy = version_policy(&policy)?;
     }
     Ok(config)
 }
@@ -207,20 +217,26 @@ fn colon_before_lists(text: &str) -> String {
     out
 }
 
-fn version_policy(policy: &DynamicMessage) -> VersionPolicy {
+fn version_policy(policy: &DynamicMessage) -> Result<VersionPolicy, String> {
     if let Some(latest) = policy
         .get_field_by_name("latest")
         .filter(|_| policy.has_field_by_name("latest"))
     {
-        let n = latest
-            .as_message()
-            .and_then(|m| m.get_field_by_name("num_versions"))
-            .and_then(|v| v.as_u32())
-            .unwrap_or(1);
-        return VersionPolicy::Latest(n.max(1));
+        let latest = latest.as_message();
+        let n = match latest.filter(|m| m.has_field_by_name("num_versions")) {
+            Some(m) => m
+                .get_field_by_name("num_versions")
+                .and_then(|v| v.as_u32())
+                .unwrap_or(0),
+            None => 1,
+        };
+        if n == 0 {
+            return Err("version_policy.latest.num_versions must be at least 1, not 0".to_string());
+        }
+        return Ok(VersionPolicy::Latest(n));
     }
     if policy.has_field_by_name("all") {
-        return VersionPolicy::All;
+        return Ok(VersionPolicy::All);
     }
     if let Some(specific) = policy
         .get_field_by_name("specific")
@@ -234,9 +250,9 @@ fn version_policy(policy: &DynamicMessage) -> VersionPolicy {
                     .map(|l| l.iter().filter_map(Value::as_i64).collect())
             })
             .unwrap_or_default();
-        return VersionPolicy::Specific(versions);
+        return Ok(VersionPolicy::Specific(versions));
     }
-    VersionPolicy::default()
+    Ok(VersionPolicy::default())
 }
 
 fn io_config(item: &DynamicMessage, role: &str, i: usize) -> Result<IoConfig, String> {
@@ -411,6 +427,30 @@ parameters { key: "a" value: { string_value: "x" } }
                 tuned.ignored
             );
         }
+    }
+
+    /// Zero instances or versions is refused, as Triton refuses it, not read as one; a
+    /// byte-order mark is not a syntax error.
+    #[test]
+    fn zero_counts_are_refused_and_a_bom_is_skipped() {
+        let e = |text: &str| parse(text).unwrap_err().message;
+        assert_eq!(
+            e("instance_group [ { count: 2 }, { count: 0 } ]"),
+            "instance_group[1].count must be at least 1, not 0"
+        );
+        assert_eq!(
+            e("version_policy: { latest { num_versions: 0 } }"),
+            "version_policy.latest.num_versions must be at least 1, not 0"
+        );
+        assert_eq!(parse("instance_group [ { } ]").unwrap().instances, Some(1));
+        assert_eq!(
+            parse("version_policy: { latest { } }")
+                .unwrap()
+                .version_policy,
+            VersionPolicy::Latest(1)
+        );
+        let bom = parse("\u{feff}name: \"m\"\nmax_batch_size: 4\n").unwrap();
+        assert_eq!((bom.name.as_deref(), bom.max_batch_size), (Some("m"), 4));
     }
 
     #[test]
