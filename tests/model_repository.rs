@@ -982,6 +982,8 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 413);
+    // The rest of the body is still on the connection: the client must not reuse it.
+    assert_eq!(r.headers()["connection"], "close");
     let answer: Value = r.json().await.unwrap();
     assert_eq!(
         answer["error"],
