@@ -116,8 +116,10 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
         let url_line = Some(line_of(text, b.url.span().start));
         // A backend is known by its URL (health, pins, metrics): one server listed twice
         // would be two backends that share all of that, with twice its share of traffic.
-        let same = b.url.get_ref().trim_end_matches('/').to_ascii_lowercase();
-        if let Some(first) = urls.insert(same, b.name.get_ref()).filter(|_| new_name) {
+        if let Some(first) = urls
+            .insert(server_of(b.url.get_ref()), b.name.get_ref())
+            .filter(|_| new_name)
+        {
             errors.push(ConfigError {
                 line: url_line,
                 message: format!(
@@ -453,6 +455,22 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
     errors
 }
 
+/// The server a backend URL names, spelled one way: scheme and host in lower case, the port
+/// given or the scheme's default (`http://h`, `HTTP://h:80/` and `http://h:080` are one).
+fn server_of(url: &str) -> String {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return url.to_ascii_lowercase();
+    };
+    let (Some(scheme), Some(host)) = (uri.scheme_str(), uri.host()) else {
+        return url.to_ascii_lowercase();
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    format!("{scheme}://{}:{port}", host.to_ascii_lowercase())
+}
+
 fn check_url(url: &str) -> Result<(), String> {
     if url == "builtin" {
         return Ok(());
@@ -622,6 +640,17 @@ mod tests {
             e,
             vec!["line 7: backend 'b' has the same url as backend 'a' (HTTP://H:1/); list each server once, and give it a weight for a larger share"]
         );
+        for (a, b) in [
+            ("http://h", "http://h:80"),
+            ("http://h:031001", "http://H:31001/"),
+            ("https://h", "https://h:443"),
+        ] {
+            let e = errors(&format!(
+                "[[backends]]\nname = \"a\"\nurl = \"{a}\"\n\n[[backends]]\nname = \"b\"\nurl = \"{b}\"\n"
+            ));
+            assert_eq!(e.len(), 1, "{a} {b}: {e:?}");
+        }
+        assert!(parse_and_check("[[backends]]\nname = \"a\"\nurl = \"http://h:80\"\n\n[[backends]]\nname = \"b\"\nurl = \"https://h:80\"\n").is_ok());
         let e = errors(
             "[[backends]]\nname = \"b\"\nurl = \"builtin\"\ndiscovery = \"dns\"\nweight = 0\n",
         );
