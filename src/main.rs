@@ -362,10 +362,7 @@ fn main() -> ExitCode {
             (c, false, None)
         }
     };
-    #[cfg(feature = "onnx")]
-    if config.backends.iter().any(|b| b.model_repository.is_some()) {
-        tensorgate::models::onnx::keep_run_memory();
-    }
+    tensorgate::run::prepare_process(&config);
     let _log_writer = init_logging(&config.server.log_level, config.server.log_format);
     let runtime = match build_runtime(config.server.worker_threads) {
         Ok(r) => r,

@@ -67,6 +67,17 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
 
 /// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
 /// Returns once the listeners are bound and the first discovery round is done.
+/// What the process itself needs before any thread starts: a process that runs repository
+/// models keeps their runs' memory between runs (`models::onnx::keep_run_memory`).
+pub fn prepare_process(config: &Config) {
+    #[cfg(feature = "onnx")]
+    if config.backends.iter().any(|b| b.model_repository.is_some()) {
+        crate::models::onnx::keep_run_memory();
+    }
+    #[cfg(not(feature = "onnx"))]
+    let _ = config;
+}
+
 pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String> {
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver::new()?);
     start_with_resolver(config, with_metrics, resolver).await

@@ -222,6 +222,29 @@ fn worker_threads_beyond_the_bound_are_refused() {
     }
 }
 
+#[test]
+fn worker_threads_that_are_not_a_number_or_come_from_the_environment_are_checked() {
+    let out = tensorgate(&["worker", "--worker-threads", "abc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains(
+            "invalid value 'abc' for '--worker-threads <N>': 'abc' is not a number of threads"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = Command::new(BIN)
+        .args(["worker", "--listen", "127.0.0.1:0"])
+        .env("TOKIO_WORKER_THREADS", "5000")
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "cannot start the async runtime: TOKIO_WORKER_THREADS must be at most 1024, not 5000"
+    );
+}
+
 /// A port that was free a moment ago.
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -416,16 +416,11 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
         }
     }
     if let Some(ca) = &config.fleet.pins.ca {
-        match std::fs::read(ca) {
-            Ok(pem) => {
-                if let Some(why) = super::redis_url::ca_problem(&pem) {
-                    errors_dirs.push(ConfigError {
-                        line: None,
-                        message: format!("fleet.pins.ca: {} {why}", ca.display()),
-                    });
-                }
-            }
-            Err(_) => named.push(("fleet.pins.ca".into(), ca)),
+        if let Err(message) = super::redis_url::read_ca(ca) {
+            errors_dirs.push(ConfigError {
+                line: None,
+                message,
+            });
         }
     }
     // Read where `serve` will run: an unset variable stops it from starting.

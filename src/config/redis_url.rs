@@ -27,15 +27,21 @@ pub fn check_url(url: &str) -> Result<(), String> {
         .map_err(|e| format!("'{}': {e}", redact(url)))
 }
 
-/// Why a `fleet.pins.ca` bundle cannot serve as roots for `rediss://`, if it cannot: no
-/// PEM certificate in it (a key, an empty file, DER bytes).
-pub fn ca_problem(pem: &[u8]) -> Option<&'static str> {
+/// Reads `fleet.pins.ca`, a PEM bundle that replaces the usual roots for `rediss://`: for
+/// `serve` and `check-config` alike. One without a certificate (a key, an empty file, DER
+/// bytes) is refused: with it the store could never connect.
+pub fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::CertificateDer;
-    let certificates = CertificateDer::pem_slice_iter(pem)
-        .filter(Result::is_ok)
-        .count();
-    (certificates == 0).then_some("holds no PEM certificate (BEGIN CERTIFICATE)")
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("fleet.pins.ca: cannot read {}: {e}", path.display()))?;
+    if !CertificateDer::pem_slice_iter(&pem).any(|c| c.is_ok()) {
+        return Err(format!(
+            "fleet.pins.ca: {} holds no PEM certificate (BEGIN CERTIFICATE)",
+            path.display()
+        ));
+    }
+    Ok(pem)
 }
 
 /// The URL without its password, for messages and logs, whatever its scheme. The password

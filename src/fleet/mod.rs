@@ -111,12 +111,12 @@ impl crate::routing::Candidate for BackendHandle {
 }
 
 impl BackendHandle {
-    /// Whether the backend lists `version` of `model`; one that lists no versions (KServe)
-    /// or does not report the model is not ruled out.
-    pub fn serves_version(&self, model: &str, version: &str) -> bool {
-        self.state.load().models.get(model).is_none_or(|m| {
-            m.metadata.versions.is_empty() || m.metadata.versions.iter().any(|v| v == version)
-        })
+    /// Whether the backend lists `version` of `model`: `None` when it does not report the
+    /// model or lists no versions (KServe), so that it can be neither ruled in nor out.
+    pub fn lists_version(&self, model: &str, version: &str) -> Option<bool> {
+        let state = self.state.load();
+        let versions = &state.models.get(model)?.metadata.versions;
+        (!versions.is_empty()).then(|| versions.iter().any(|v| v == version))
     }
 
     pub fn capabilities(&self) -> Capabilities {

@@ -100,14 +100,7 @@ impl PinStore {
             .ok_or("fleet.pins.url is required with store = \"redis\"")?;
         check_url(&url).map_err(|e| format!("fleet.pins.url: {e}"))?;
         let ca = match &pins.ca {
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| format!("fleet.pins.ca: cannot read {}: {e}", path.display()))?;
-                if let Some(why) = crate::config::redis_url::ca_problem(&pem) {
-                    return Err(format!("fleet.pins.ca: {} {why}", path.display()));
-                }
-                Some(pem)
-            }
+            Some(path) => Some(crate::config::redis_url::read_ca(path)?),
             None => None,
         };
         let timeout = Duration::from_millis(pins.timeout_ms.max(1));

@@ -163,10 +163,12 @@ impl Router {
                     }),
                     None => {
                         self.pins.remove(model, id);
-                        Err(GatewayError::SequenceLost(format!(
-                            "the backend of sequence {} of model '{model}' ({pinned}) is not available to this replica (unhealthy, ejected, or not in its fleet); if it is gone, the sequence's state is lost",
-                            describe_sequence(id)
-                        )))
+                        Err(sequence_lost(
+                            model,
+                            id,
+                            &pinned,
+                            "is not available to this replica (unhealthy, ejected, or not in its fleet); if it is gone, the sequence's state is lost",
+                        ))
                     }
                 };
             }
@@ -227,6 +229,15 @@ impl Router {
             tracing::warn!(model, "sequence pin table is full; routing by hash alone");
         }
     }
+}
+
+/// The answer to a request of a live sequence whose backend cannot take it (`why`): it may
+/// go nowhere else, since its state lives there.
+pub fn sequence_lost(model: &str, id: &SequenceId, backend: &str, why: &str) -> GatewayError {
+    GatewayError::SequenceLost(format!(
+        "the backend of sequence {} of model '{model}' ({backend}) {why}",
+        describe_sequence(id)
+    ))
 }
 
 fn no_backend(model: &str) -> GatewayError {

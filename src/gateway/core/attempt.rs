@@ -169,11 +169,12 @@ impl Attempt<'_> {
             if failure.retry == Retry::Anywhere && !may_move {
                 let id = options.sequence_id.as_ref().expect("in a sequence");
                 gw.router.pins.remove(model, id);
-                return Err(GatewayError::SequenceLost(format!(
-                    "the backend of sequence {} of model '{model}' ({}) is unavailable; the sequence's state is lost",
-                    crate::routing::describe_sequence(id),
-                    backend.key
-                )));
+                return Err(crate::routing::sequence_lost(
+                    model,
+                    id,
+                    &backend.key,
+                    "is unavailable; the sequence's state is lost",
+                ));
             }
             return Err(failure.error);
         }
@@ -193,7 +194,7 @@ impl Attempt<'_> {
             let serving: Vec<_> = entry
                 .ready
                 .iter()
-                .filter(|h| h.serves_version(self.model, version))
+                .filter(|h| h.lists_version(self.model, version) != Some(false))
                 .cloned()
                 .collect();
             if !serving.is_empty() && serving.len() < entry.ready.len() {

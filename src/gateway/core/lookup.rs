@@ -33,13 +33,10 @@ pub fn lookup(
         // The metadata is the first backend's; during a rolling update another may have
         // the version already, and routing sends the request there.
         let elsewhere = || {
-            entry.ready.iter().any(|h| {
-                h.state
-                    .load()
-                    .models
-                    .get(model)
-                    .is_some_and(|m| m.metadata.versions.iter().any(|x| x == v))
-            })
+            entry
+                .ready
+                .iter()
+                .any(|h| h.lists_version(model, v) == Some(true))
         };
         if !versions.iter().any(|x| x == v) && !elsewhere() {
             return Err(GatewayError::NotFound(format!(
