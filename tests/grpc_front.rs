@@ -1119,6 +1119,68 @@ async fn a_unary_message_that_stops_arriving_is_cut_off() {
     gw.shutdown().await;
 }
 
+/// grpc-timeout counts from the call's arrival, not from when its message has been read: a
+/// message that takes 400 ms to arrive leaves 200 ms of a 600 ms deadline, less than the
+/// backend's 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_timeout_counts_from_the_arrival_of_the_call() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(500))).await;
+    let (gw, _) = start(config(&[("slow", slow.url.as_str())], "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("m").is_some() }
+        })
+        .await
+    );
+    let message = pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![input("INPUT0", "FP32", &[2])],
+        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::convert::Infallible>>(1);
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let _ = tx
+            .send(Ok(http_body::Frame::data(Bytes::from(framed))))
+            .await;
+    });
+    let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/ModelInfer",
+        gw.grpc_addr.unwrap()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", "600m")
+    .body(body)
+    .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), http2.request(req))
+        .await
+        .expect("an answer before the client gives up")
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.unwrap().trailers().cloned();
+    let status = tonic::Status::from_header_map(&parts.headers)
+        .or_else(|| trailers.as_ref().and_then(tonic::Status::from_header_map))
+        .expect("a status");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::DeadlineExceeded, "the request to model 'm' timed out")
+    );
+    late.await.unwrap();
+    gw.shutdown().await;
+}
+
 /// A ModelInfer whose body announces 100 bytes and sends none of them; its status.
 async fn stalled_call(gw: &Running, grpc_timeout: Option<&str>) -> tonic::Status {
     let (tx, rx) =

@@ -41,7 +41,12 @@ struct RpcContext {
 }
 
 impl RpcContext {
-    fn from_headers(m: &http::HeaderMap) -> Result<RpcContext, GatewayError> {
+    /// `arrived`: when the call's headers did, from which its `grpc-timeout` counts (not from
+    /// when its message was read).
+    fn from_headers(
+        m: &http::HeaderMap,
+        arrived: tokio::time::Instant,
+    ) -> Result<RpcContext, GatewayError> {
         let header = |name: &str| {
             m.get(name)
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
@@ -55,7 +60,7 @@ impl RpcContext {
                         String::from_utf8_lossy(v.as_bytes())
                     ))
                 })?;
-                Some(tokio::time::Instant::now() + timeout)
+                Some(arrived + timeout)
             }
         };
         Ok(RpcContext {
@@ -91,7 +96,8 @@ pub async fn unary(
     req: Request<pb::ModelInferRequest>,
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
     let (metadata, _, msg) = req.into_parts();
-    let (result, answer_metadata) = call(gw, metadata.as_ref(), async { Ok(msg) }).await;
+    let arrived = tokio::time::Instant::now();
+    let (result, answer_metadata) = call(gw, metadata.as_ref(), arrived, async { Ok(msg) }).await;
     match result {
         Ok(r) => {
             let mut response = Response::new(r);
@@ -107,11 +113,13 @@ pub async fn unary(
 }
 
 /// One ModelInfer call, whichever path read its message (`read`, whose time counts): the
-/// context from the request's metadata, the inference, its observation. Returns the answer
-/// and the metadata to send with it (the backend that served it).
+/// context from the request's metadata (its deadline counted from `arrived`), the inference,
+/// its observation. Returns the answer and the metadata to send with it (the backend that
+/// served it).
 pub(super) async fn call(
     gw: &Arc<Gateway>,
     headers: &http::HeaderMap,
+    arrived: tokio::time::Instant,
     read: impl std::future::Future<Output = Result<pb::ModelInferRequest, GatewayError>>,
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
@@ -119,7 +127,7 @@ pub(super) async fn call(
     let mut obs = Observation::new(Protocol::Grpc);
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
-        let ctx = RpcContext::from_headers(headers)?;
+        let ctx = RpcContext::from_headers(headers, arrived)?;
         let msg = read.await?;
         infer_one(gw, msg, &ctx, &mut obs).await
     }
@@ -319,7 +327,7 @@ pub fn stream(
     req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     max_message: usize,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
-    let ctx = RpcContext::from_headers(req.metadata().as_ref());
+    let ctx = RpcContext::from_headers(req.metadata().as_ref(), tokio::time::Instant::now());
     let incoming = req.into_inner();
     let order = Arc::new(SequenceOrder::default());
     let answers = incoming

@@ -105,6 +105,7 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let arrived = tokio::time::Instant::now();
     let encoding = encoding(&req).unwrap_or(Encoding::Identity);
     let (parts, body) = req.into_parts();
     // The call's own deadline bounds the wait for its message too (an invalid grpc-timeout
@@ -141,7 +142,7 @@ where
         pb::ModelInferRequest::decode(bytes)
             .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
     };
-    let (result, metadata) = call(&gw, &parts.headers, read).await;
+    let (result, metadata) = call(&gw, &parts.headers, arrived, read).await;
     let answer = result.and_then(|r| {
         answer_chunks(r).map_err(|size| {
             GatewayError::Internal(format!(
