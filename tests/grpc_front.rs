@@ -717,13 +717,7 @@ async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
 async fn grpc_timeout_is_a_deadline() {
     let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
     let (gw, _) = start(config(&[("slow", slow.url.as_str())], "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move { gw.gateway.fleet.catalog().get("m").is_some() }
-        })
-        .await
-    );
+    wait_for_m(&gw).await;
     // A plain HTTP/2 client, so that only the server acts on the deadline (tonic's channel
     // would also cancel the call itself when it passes).
     let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -731,12 +725,7 @@ async fn grpc_timeout_is_a_deadline() {
         .build_http::<tonic::body::Body>();
     let origin: http::Uri = format!("http://{}", gw.grpc_addr.unwrap()).parse().unwrap();
     let mut c = GrpcInferenceServiceClient::with_origin(http2, origin);
-    let mut req = Request::new(pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![input("INPUT0", "FP32", &[2])],
-        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
-        ..Default::default()
-    });
+    let mut req = Request::new(m_request());
     req.set_timeout(Duration::from_millis(200));
     let started = std::time::Instant::now();
     assert_status(
@@ -912,20 +901,9 @@ async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
     let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(800))).await;
     let extra = "[limits]\nshutdown_delay_ms = 400\n";
     let (gw, c) = start(config(&[("slow", slow.url.as_str())], extra)).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move { gw.gateway.fleet.catalog().get("m").is_some() }
-        })
-        .await
-    );
+    wait_for_m(&gw).await;
     let grpc_addr = gw.grpc_addr.unwrap();
-    let m = || pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![input("INPUT0", "FP32", &[2])],
-        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
-        ..Default::default()
-    };
+    let m = || m_request();
     let unary = tokio::spawn({
         let mut c = c.clone();
         let req = m();
@@ -983,19 +961,8 @@ async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
 async fn cancelling_a_stream_cancels_its_requests_in_flight() {
     let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(5))).await;
     let (gw, mut c) = start(config(&[("slow", slow.url.as_str())], "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move { gw.gateway.fleet.catalog().get("m").is_some() }
-        })
-        .await
-    );
-    let m = pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![input("INPUT0", "FP32", &[2])],
-        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
-        ..Default::default()
-    };
+    wait_for_m(&gw).await;
+    let m = m_request();
     // The request side stays open, as a client's live stream does.
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(m.clone()).await.unwrap();
@@ -1126,20 +1093,8 @@ async fn a_unary_message_that_stops_arriving_is_cut_off() {
 async fn grpc_timeout_counts_from_the_arrival_of_the_call() {
     let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(500))).await;
     let (gw, _) = start(config(&[("slow", slow.url.as_str())], "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move { gw.gateway.fleet.catalog().get("m").is_some() }
-        })
-        .await
-    );
-    let message = pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![input("INPUT0", "FP32", &[2])],
-        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
-        ..Default::default()
-    }
-    .encode_to_vec();
+    wait_for_m(&gw).await;
+    let message = m_request().encode_to_vec();
     let mut framed = vec![0u8];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(&message);
@@ -1179,6 +1134,26 @@ async fn grpc_timeout_counts_from_the_arrival_of_the_call() {
     );
     late.await.unwrap();
     gw.shutdown().await;
+}
+
+/// Waits (bounded) until the scripted backends' model `m` is in the gateway's catalog.
+async fn wait_for_m(gw: &Running) {
+    assert!(
+        eventually(50, Duration::from_millis(100), || async move {
+            gw.gateway.fleet.catalog().get("m").is_some()
+        })
+        .await
+    );
+}
+
+/// A ModelInfer of the scripted backends' model `m`.
+fn m_request() -> pb::ModelInferRequest {
+    pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![input("INPUT0", "FP32", &[2])],
+        raw_input_contents: vec![[1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    }
 }
 
 /// A ModelInfer whose body announces 100 bytes and sends none of them; its status.
