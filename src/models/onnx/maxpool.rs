@@ -10,9 +10,10 @@
 //! NaN (tract skips NaN taps), and a window of -inf gives -inf (tract starts from `f32::MIN`).
 
 use tract_onnx::prelude::*;
-use tract_onnx::tract_core::internal::{EvalContext, EvalOp, Op, StaticName, TypedOp};
 use tract_onnx::tract_core::ops::cnn::{MaxPool, OptMaxPool, PaddingSpec, PoolSpec};
 use tract_onnx::tract_core::ops::nn::DataFormat;
+
+use super::nchw_op::{replace_each, NchwKernel};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MaxPool2x2 {
@@ -20,58 +21,19 @@ pub struct MaxPool2x2 {
     pool_spec: PoolSpec,
 }
 
-impl Op for MaxPool2x2 {
-    fn name(&self) -> StaticName {
-        "tensorgate.MaxPool2x2Stride2".into()
+impl NchwKernel for MaxPool2x2 {
+    const NAME: &'static str = "tensorgate.MaxPool2x2Stride2";
+
+    fn pool_spec(&self) -> &PoolSpec {
+        &self.pool_spec
     }
 
-    fn as_typed(&self) -> Option<&dyn TypedOp> {
-        Some(self)
-    }
-}
-
-impl EvalOp for MaxPool2x2 {
-    fn eval_out_of_plan(&self, inputs: TVec<TValue>) -> TractResult<Option<TVec<TValue>>> {
-        Ok(Some(self.eval(&EvalContext::out_of_plan(), inputs)?))
+    fn output_shape(&self, [n, c, h, w]: [usize; 4]) -> Result<[usize; 4], String> {
+        Ok([n, c, h / 2, w / 2])
     }
 
-    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let input = inputs
-            .first()
-            .ok_or_else(|| TractError::msg("MaxPool2x2Stride2 takes one input"))?;
-        let &[n, c, h, w] = input.shape() else {
-            return Err(TractError::msg(format!(
-                "MaxPool2x2Stride2 takes NCHW, got shape {:?}",
-                input.shape()
-            )));
-        };
-        let (oh, ow) = (h / 2, w / 2);
-        let mut output = Tensor::zero::<f32>(&[n, c, oh, ow])?;
-        {
-            let source = input.try_as_plain_ram()?;
-            let mut target = output.try_as_plain_ram_mut()?;
-            pool(
-                source.as_slice::<f32>()?,
-                target.as_slice_mut::<f32>()?,
-                h,
-                w,
-            );
-        }
-        Ok(tvec!(output.into_tvalue()))
-    }
-}
-
-impl TypedOp for MaxPool2x2 {
-    fn as_op(&self) -> &dyn Op {
-        self
-    }
-
-    fn as_op_mut(&mut self) -> &mut dyn Op {
-        self
-    }
-
-    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        self.pool_spec.output_facts(inputs)
+    fn compute(&self, [_, _, h, w]: [usize; 4], input: &[f32], output: &mut [f32]) {
+        pool(input, output, h, w)
     }
 }
 
@@ -133,30 +95,22 @@ fn fits(spec: &PoolSpec, with_index_outputs: Option<DatumType>, input: &TypedFac
 
 /// Replaces each of `model`'s max-pools that fits with the op above; returns how many.
 pub fn replace_pools(model: &mut TypedModel) -> TractResult<usize> {
-    let mut replaced = 0;
-    for id in model.eval_order()? {
-        let node = model.node(id);
+    replace_each(model, |model, node| {
         let (spec, indices) = if let Some(op) = node.op_as::<MaxPool>() {
             (&op.pool_spec, op.with_index_outputs)
         } else if let Some(op) = node.op_as::<OptMaxPool>() {
             (&op.pool_spec, op.with_index_outputs)
         } else {
-            continue;
+            return Ok(None);
         };
-        if !fits(spec, indices, model.outlet_fact(node.inputs[0])?) {
-            continue;
-        }
-        let op = MaxPool2x2 {
-            pool_spec: spec.clone(),
-        };
-        let patch = TypedModelPatch::replace_single_op(model, node, &node.inputs, op)?;
-        patch.apply(model)?;
-        replaced += 1;
-    }
-    if replaced > 0 {
-        model.compact()?;
-    }
-    Ok(replaced)
+        let input = node.inputs[0];
+        Ok(fits(spec, indices, model.outlet_fact(input)?).then(|| {
+            let op = MaxPool2x2 {
+                pool_spec: spec.clone(),
+            };
+            (op, input)
+        }))
+    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ use super::{Model, ModelError};
 use crate::protocol::tensor::frame_bytes;
 use crate::protocol::{DataType, InferRequest, ModelMetadata, Tensor as V2Tensor, TensorMetadata};
 
+mod conv3x3;
 mod maxpool;
+mod nchw_op;
 
 /// Most plans kept per model for concrete input shapes; shapes beyond run the general plan.
 const MAX_SPECIALIZED: usize = 16;
@@ -410,9 +412,11 @@ pub fn keep_run_memory() {
     }
 }
 
-/// The runnable plan of a decluttered graph: tract's optimisations, then this crate's faster
-/// kernels for what tract runs slowly (see `maxpool`).
-fn plan(graph: TypedModel) -> TractResult<Arc<TypedRunnableModel>> {
+/// The runnable plan of a decluttered graph: tract's optimisations, with this crate's faster
+/// kernels for what tract runs slowly (`conv3x3` before tract lowers convolutions, `maxpool`
+/// after it has chosen its pools).
+fn plan(mut graph: TypedModel) -> TractResult<Arc<TypedRunnableModel>> {
+    conv3x3::replace_convs(&mut graph)?;
     let mut optimized = graph.into_optimized()?;
     maxpool::replace_pools(&mut optimized)?;
     optimized.into_runnable()
@@ -481,25 +485,32 @@ mod tests {
         }
     }
 
-    fn fast_pools(plan: &TypedRunnableModel) -> usize {
-        plan.model()
-            .nodes()
-            .iter()
-            .filter(|n| n.op().name() == "tensorgate.MaxPool2x2Stride2")
-            .count()
+    /// How many of the plan's ops are this crate's: (convolutions, pools).
+    fn own_ops(plan: &TypedRunnableModel) -> (usize, usize) {
+        let count = |name: &str| {
+            plan.model()
+                .nodes()
+                .iter()
+                .filter(|n| n.op().name() == name)
+                .count()
+        };
+        (
+            count("tensorgate.Conv3x3Stride1"),
+            count("tensorgate.MaxPool2x2Stride2"),
+        )
     }
 
-    /// Both plans run the crate's pooling: the one for a symbolic batch (tract's `MaxPool`
-    /// replaced) and the one specialised for a batch of 3 (`OptMaxPool` replaced), and they
-    /// agree on the logits.
+    /// Both plans run the crate's convolutions and pools: the one for a symbolic batch
+    /// (tract's `MaxPool` replaced) and the one specialised for a batch of 3 (`OptMaxPool`
+    /// replaced), and they agree on the logits.
     #[test]
-    fn the_general_and_the_specialised_plans_pool_alike() {
+    fn the_general_and_the_specialised_plans_run_alike() {
         let model = cnn();
         let req = image(3);
         let specialised = model.plan_for(&req).unwrap();
         assert!(!Arc::ptr_eq(&specialised, &model.plan));
-        assert_eq!(fast_pools(&model.plan), 2);
-        assert_eq!(fast_pools(&specialised), 2);
+        assert_eq!(own_ops(&model.plan), (2, 2));
+        assert_eq!(own_ops(&specialised), (2, 2));
         let logits = |plan: &Arc<TypedRunnableModel>| -> Vec<f32> {
             let out = plan.run(model.to_tract(&req).unwrap()).unwrap();
             out[0]
