@@ -402,6 +402,19 @@ mod tests {
         }
     }
 
+    fn op(kernel: &[f32], bias: &[f32], shape: [usize; 4], o: usize, pads: [usize; 4]) -> Conv3x3 {
+        let [n, c, h, w] = shape;
+        let kernel = Tensor::from_shape(&[o, c, 3, 3], kernel).unwrap();
+        let bias = Tensor::from_shape(&[bias.len()], bias).unwrap();
+        Conv3x3::new(
+            &conv_op(spec(c, o, pads)),
+            &f32::fact([n, c, h, w]),
+            &kernel,
+            &bias,
+        )
+        .expect("the op fits")
+    }
+
     /// Runs the op as a plan would, on `input` of shape `[n, c, h, w]`.
     fn run(
         input: &[f32],
@@ -412,15 +425,7 @@ mod tests {
         pads: [usize; 4],
     ) -> Vec<f32> {
         let [n, c, h, w] = shape;
-        let kernel = Tensor::from_shape(&[o, c, 3, 3], kernel).unwrap();
-        let bias = Tensor::from_shape(&[bias.len()], bias).unwrap();
-        let op = Conv3x3::new(
-            &conv_op(spec(c, o, pads)),
-            &f32::fact([n, c, h, w]),
-            &kernel,
-            &bias,
-        )
-        .expect("the op fits");
+        let op = op(kernel, bias, shape, o, pads);
         let input = Tensor::from_shape(&[n, c, h, w], input).unwrap();
         let out = NchwOp(op)
             .eval_out_of_plan(tvec!(input.into_tvalue()))
@@ -442,12 +447,12 @@ mod tests {
             .collect()
     }
 
-    fn assert_close(got: &[f32], want: &[f32]) {
+    fn assert_close(got: &[f32], want: &[f32], kernel: &str) {
         assert_eq!(got.len(), want.len());
         for (k, (g, w)) in got.iter().zip(want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5 + 1e-5 * w.abs(),
-                "element {k}: {g} against {w}"
+                "{kernel}, element {k}: {g} against {w}"
             );
         }
     }
@@ -468,8 +473,38 @@ mod tests {
             let kernel = values(o * c * 9, seed.rotate_left(17));
             let bias = values(o, seed.rotate_left(31));
             let got = run(&input, &kernel, &bias, [n, c, h, w], o, pads);
-            assert_close(&got, &reference(&input, &kernel, &bias, n, c, o, [h, w], pads));
+            let want = reference(&input, &kernel, &bias, n, c, o, [h, w], pads);
+            assert_close(&got, &want, "picked");
+            // The kernels this CPU did not pick compute the same.
+            let op = op(&kernel, &bias, [n, c, h, w], o, pads);
+            let g = op.geometry([h, w]);
+            for (name, kernel) in other_kernels() {
+                let mut out = vec![0.0; want.len()];
+                if !out.is_empty() {
+                    kernel(&input, &mut out, &op.packed, &op.bias, &g);
+                }
+                assert_close(&out, &want, name);
+            }
         }
+    }
+
+    type Kernel = fn(&[f32], &mut [f32], &[f32], &[f32], &Geometry);
+
+    /// The portable loops, with and without `mul_add`, and the AVX2 one where it runs.
+    fn other_kernels() -> Vec<(&'static str, Kernel)> {
+        let mut kernels: Vec<(&'static str, Kernel)> = vec![
+            ("portable", convolve_with::<false>),
+            ("portable with mul_add", convolve_with::<true>),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU runs AVX2 and FMA.
+            kernels.push(("avx2", |i, o, p, b, g| unsafe {
+                convolve_avx2(i, o, p, b, g)
+            }));
+        }
+        kernels
     }
 
     /// One bias for every channel, as tract holds a convolution without a bias (0).
@@ -480,7 +515,7 @@ mod tests {
         let kernel = values(o * c * 9, 5);
         let got = run(&input, &kernel, &[0.25], [1, c, 6, 6], o, [1, 1, 1, 1]);
         let want = reference(&input, &kernel, &[0.25; 5], 1, c, o, [6, 6], [1, 1, 1, 1]);
-        assert_close(&got, &want);
+        assert_close(&got, &want, "picked");
     }
 
     /// Non-finite inputs spread as in the definition: an infinity times a tap gives an
