@@ -433,6 +433,28 @@ mod tests {
         }
     }
 
+    /// A call whose grpc-timeout cannot be read is refused, naming the header and its value,
+    /// rather than run without the deadline its client asked for.
+    #[tokio::test]
+    async fn an_unreadable_grpc_timeout_is_invalid_argument() {
+        let arrived = tokio::time::Instant::now();
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-timeout", HeaderValue::from_static("5s"));
+        let e = RpcContext::from_headers(&headers, arrived)
+            .err()
+            .expect("refused");
+        assert_eq!(
+            (e.grpc_code(), e.to_string()),
+            (
+                tonic::Code::InvalidArgument,
+                "grpc-timeout '5s' is not a valid timeout".to_string()
+            )
+        );
+        headers.insert("grpc-timeout", HeaderValue::from_static("250m"));
+        let context = RpcContext::from_headers(&headers, arrived).unwrap();
+        assert_eq!(context.deadline, Some(arrived + Duration::from_millis(250)));
+    }
+
     #[tokio::test]
     async fn a_sequence_waits_for_its_previous_request_only() {
         let order = SequenceOrder::default();

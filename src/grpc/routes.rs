@@ -62,6 +62,17 @@ impl GrpcRoutes {
     }
 }
 
+/// Why a request message was refused for its size, whoever read it (tonic or
+/// `unary::model_infer`).
+pub(super) fn message_too_large(max: usize, decompressed: bool) -> String {
+    let which = if decompressed {
+        "the request message, decompressed,"
+    } else {
+        "the request message"
+    };
+    format!("{which} is larger than the limit of {max} bytes (limits.max_body_bytes)")
+}
+
 /// tonic refuses some requests before any handler sees them: a message over its decoding
 /// limit (OUT_OF_RANGE) and one that is not protobuf (INTERNAL). Both are the client's
 /// doing: RESOURCE_EXHAUSTED, as for every other limit of the gateway, and INVALID_ARGUMENT.
@@ -69,20 +80,20 @@ pub(super) fn as_client_error(status: tonic::Status, max: usize) -> tonic::Statu
     let message = status.message();
     match status.code() {
         _ if message.starts_with("Error decompressing: size limit") => {
-            tonic::Status::resource_exhausted(format!(
-                "the request message, decompressed, is larger than the limit of {max} bytes (limits.max_body_bytes)"
-            ))
+            tonic::Status::resource_exhausted(message_too_large(max, true))
         }
-        tonic::Code::OutOfRange if message.starts_with("Error, decoded message length too large") => {
-            tonic::Status::resource_exhausted(format!(
-                "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
-            ))
+        tonic::Code::OutOfRange
+            if message.starts_with("Error, decoded message length too large") =>
+        {
+            tonic::Status::resource_exhausted(message_too_large(max, false))
         }
         tonic::Code::Internal
             if message.starts_with("failed to decode Protobuf message")
                 || message.starts_with("Error decompressing")
                 || message.starts_with("Missing request message")
-                || message.starts_with("protocol error: received message with invalid compression flag") =>
+                || message.starts_with(
+                    "protocol error: received message with invalid compression flag",
+                ) =>
         {
             tonic::Status::invalid_argument(format!("the request message is not valid: {message}"))
         }

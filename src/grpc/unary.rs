@@ -22,6 +22,7 @@ use prost::Message;
 use tonic::body::Body;
 
 use super::infer::{call, parse_grpc_timeout, INFER_PATH};
+use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
@@ -84,9 +85,7 @@ async fn inflate(bytes: Bytes, encoding: Encoding, max: usize) -> Result<Bytes, 
         };
         read.map_err(|e| not_valid(&format!("Error decompressing: {e}, while sending request")))?;
         if out.len() > max {
-            return Err(GatewayError::PayloadTooLarge(format!(
-                "the request message, decompressed, is larger than the limit of {max} bytes (limits.max_body_bytes)"
-            )));
+            return Err(GatewayError::PayloadTooLarge(message_too_large(max, true)));
         }
         Ok(Bytes::from(out))
     };
@@ -249,10 +248,7 @@ where
                 }
             }
             if len > max {
-                return Err(GatewayError::PayloadTooLarge(format!(
-                    "the request message is larger than the limit of {max} bytes (limits.max_body_bytes)"
-                ))
-                .into());
+                return Err(GatewayError::PayloadTooLarge(message_too_large(max, false)).into());
             }
             if data.len() >= len {
                 // The usual small message: all of it in this frame, kept without a copy.
