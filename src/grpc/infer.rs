@@ -444,10 +444,10 @@ mod tests {
             .err()
             .expect("refused");
         assert_eq!(
-            (e.grpc_code(), e.to_string()),
+            (e.grpc_code(), e.message()),
             (
                 tonic::Code::InvalidArgument,
-                "grpc-timeout '5s' is not a valid timeout".to_string()
+                "grpc-timeout '5s' is not a valid timeout"
             )
         );
         headers.insert("grpc-timeout", HeaderValue::from_static("250m"));
