@@ -17,15 +17,17 @@ end-to-end rendering. bench/onnx_models.sh drives it; each subcommand does one s
 
 `ort` and `tract` print one JSON line per case. Times are in nanoseconds.
 
-What tract's model time is: the worker's `compute_infer` is the time of the backend call,
-which for a repository model is BuiltinBackend::infer (src/fleet/builtin.rs): waiting for
-an instance's permit, the hop to the blocking pool (spawn_blocking) and back, copying the
-inputs into tract tensors, plan.run, and converting the outputs. So it is the model run
-plus a fixed cost, not the model run alone. The fixed cost is measured on `intbool`, a
-repository model that runs on the same path but whose graph is three element-wise ops on
-[1,4] (its run is well under a microsecond): compute_infer(m) - compute_infer(intbool)
-estimates the run alone. The other estimate, the client's request time minus
-that of the built-in `simple` model (which runs inline, without the hop), is reported too.
+What tract's model time is: the worker's `compute_infer`, which for a repository model is
+the run on the blocking-pool thread (src/fleet/builtin.rs): copying the inputs into tract
+tensors, plan.run, and converting the outputs. The wait for an instance's permit and the
+hop to that thread and back are the statistics' `queue` (as in Triton); at concurrency 1
+that is the hop alone. Both are reported: compute_infer against onnxruntime's call is the
+model-time comparison, and compute_infer + queue (the whole backend call) is an upper bound
+of what a call costs the worker. onnxruntime's numbers carry Python's per-call cost; both
+sides' fixed costs per call are measured on `intbool`, a repository model whose graph is
+three element-wise ops on [1,4] (its run is well under a microsecond), and a third ratio
+takes each side's out. The client's request time minus that of the built-in `simple` model
+(which runs inline, without the hop) is reported too.
 """
 from __future__ import annotations
 
@@ -165,11 +167,12 @@ def stats(conn: http.client.HTTPConnection, model: str) -> dict[str, int]:
     body = r.read()
     if r.status != 200:
         sys.exit(f"GET /v2/models/{model}/stats: {r.status} {body[:200]!r}")
-    total = {"infer_count": 0, "infer_ns": 0, "success_count": 0, "success_ns": 0}
+    total = {"infer_count": 0, "infer_ns": 0, "queue_ns": 0, "success_count": 0, "success_ns": 0}
     for s in json.loads(body)["model_stats"]:  # every version of the model
         st = s["inference_stats"]
         total["infer_count"] += st["compute_infer"]["count"]
         total["infer_ns"] += st["compute_infer"]["ns"]
+        total["queue_ns"] += st["queue"]["ns"]
         total["success_count"] += st["success"]["count"]
         total["success_ns"] += st["success"]["ns"]
     return total
@@ -276,22 +279,22 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
         return [r for r in recs if r["side"] == side and r["model"] == model and r["batch"] == batch]
 
     # Per round, so that each ratio pairs numbers from the same minutes; medians over rounds.
-    def tract_round(r, floor):
-        ci = r["infer_ns"] / max(r["infer_count"], 1)
-        fl = floor["infer_ns"] / max(floor["infer_count"], 1) if floor else 0.0
-        return ci, ci - fl
+    def per_call(r, key):
+        return r[key] / max(r["infer_count"], 1)
 
     rows = []
     for model, batch in CASES + [FLOOR]:
         o, t = per_round("ort", model, batch), per_round("tract", model, batch)
         floors = {r["round"]: r for r in per_round("tract", *FLOOR)}
+        ort_floors = {r["round"]: r for r in per_round("ort", *FLOOR)}
         simples = {r["round"]: r for r in per_round("tract", "simple", 1)}
-        ratio, ratio_est, ci, est, req, req_est, mism = [], [], [], [], [], [], 0
+        ratio, ratio_call, ratio_net, ci, call, hop, req, req_est, mism = [], [], [], [], [], [], [], [], 0
         ort_by_round = {r["round"]: r for r in o}
         for r in t:
-            c, e = tract_round(r, floors.get(r["round"]))
+            c, q = per_call(r, "infer_ns"), per_call(r, "queue_ns")
             ci.append(c)
-            est.append(e)
+            call.append(c + q)
+            hop.append(q)
             req.append(r["client_median_ns"])
             s = simples.get(r["round"])
             if s:
@@ -301,24 +304,23 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
             if r["round"] in ort_by_round:
                 om = ort_by_round[r["round"]]["mean_ns"]
                 ratio.append(om / c)
-                if e > 0:
-                    ratio_est.append(om / e)
+                ratio_call.append(om / (c + q))
+                f, of = floors.get(r["round"]), ort_floors.get(r["round"])
+                if f and of and c > per_call(f, "infer_ns"):
+                    ratio_net.append((om - of["mean_ns"]) / (c - per_call(f, "infer_ns")))
         rows.append({
             "model": model, "batch": batch,
             "ort_median_ms": med(x["median_ns"] for x in o) / 1e6,
             "ort_bps": 1e9 / med(x["mean_ns"] for x in o) if o else float("nan"),
             "ci_ms": med(ci) / 1e6, "tract_bps": 1e9 / med(ci) if ci else float("nan"),
-            "ratio": med(ratio), "est_ms": med(est) / 1e6, "ratio_est": med(ratio_est),
+            "call_ms": med(call) / 1e6, "hop_ms": med(hop) / 1e6,
+            "ratio": med(ratio), "ratio_call": med(ratio_call), "ratio_net": med(ratio_net),
             "req_ms": med(req) / 1e6, "req_est_ms": med(req_est) / 1e6, "mismatch": mism,
             "ort_calls": sum(x["calls"] for x in o), "requests": sum(x["requests"] for x in t),
         })
     simple = per_round("tract", "simple", 1)
     simple_req = med(x["client_median_ns"] for x in simple) / 1e6
     simple_ci = med(x["infer_ns"] / max(x["infer_count"], 1) for x in simple) / 1e3
-
-    def lost(r):
-        """The run alone is under a fifth of compute_infer: the subtraction is mostly noise."""
-        return not r["est_ms"] >= 0.2 * r["ci_ms"]
 
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     p = print
@@ -345,32 +347,30 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
       "1 / the mean call. tract: `tensorgate worker --model-repository` with "
       "`TOKIO_WORKER_THREADS=1` under `taskset -c 0`, driven at concurrency 1 with binary "
       "tensors by a Python client on core 1; its time is the worker's statistics "
-      "(`compute_infer` ns / count between snapshots before and after each run, a mean). "
-      "Every output was checked against onnxruntime's first.\n")
+      "(`compute_infer` and `queue` ns / count between snapshots before and after each run, "
+      "means). Every output was checked against onnxruntime's first.\n")
     p("| model | batch | onnxruntime ms/batch | onnxruntime batches/s | tract compute_infer ms/batch "
-      "| tract batches/s | tract / onnxruntime | tract run alone ms (est.) | tract / onnxruntime (est.) |")
-    p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+      "| tract batches/s | tract / onnxruntime | tract call with the hop, ms | tract / onnxruntime, "
+      "hop counted | tract / onnxruntime, fixed costs out (est.) |")
+    p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         name = r["model"] + (" (calibration)" if (r["model"], r["batch"]) == FLOOR else "")
-        if (r["model"], r["batch"]) == FLOOR:
-            est = rest = "—"
-        elif lost(r):
-            est, rest = "lost in the fixed cost", "—"
-        else:
-            est, rest = f"{r['est_ms']:.4f}", f"{r['ratio_est']:.2f}"
+        net = "—" if (r["model"], r["batch"]) == FLOOR else f"{r['ratio_net']:.2f}"
         p(f"| {name} | {r['batch']} | {r['ort_median_ms']:.4f} | {r['ort_bps']:,.0f} | {r['ci_ms']:.4f} "
-          f"| {r['tract_bps']:,.0f} | {r['ratio']:.2f} | {est} | {rest} |")
+          f"| {r['tract_bps']:,.0f} | {r['ratio']:.2f} | {r['call_ms']:.4f} | {r['ratio_call']:.2f} | {net} |")
     floor = rows[-1]
     p("")
-    p("What `compute_infer` holds: for a repository model it is the whole backend call "
-      "(`BuiltinBackend::infer`): the instance permit, the hop to tokio's blocking pool and back, "
-      "copying the inputs into tract tensors, `plan.run`, and converting the outputs. It is "
-      "therefore **not** the model run alone but an upper bound of it, and the ratio in the "
-      "*tract / onnxruntime* column is a lower bound. The fixed part is measured on `intbool` "
-      f"(three element-wise ops on [1,4]; its run is negligible): {floor['ci_ms'] * 1e3:.1f} µs per "
-      "call. *tract run alone (est.)* is compute_infer minus that, per round (an estimate: the "
-      "copies grow a little with the tensors). onnxruntime's own fixed cost per call from Python "
-      f"is its `intbool` row ({floor['ort_median_ms'] * 1e3:.1f} µs) and is left in its numbers.\n")
+    p("What the columns hold: tract's `compute_infer` is the model's run on the blocking-pool "
+      "thread (`BuiltinBackend::infer`): copying the inputs into tract tensors, `plan.run`, and "
+      "converting the outputs, against onnxruntime's `run` called from Python. *Call with the "
+      "hop* adds the statistics' `queue`, at concurrency 1 the hop from the async thread to the "
+      f"blocking pool and back ({floor['hop_ms'] * 1e3:.1f} µs per call on `intbool`): the whole "
+      "backend call, which the issue's rule (a model never runs on the async threads) costs "
+      "every request, so that ratio is a lower bound. onnxruntime's numbers include Python's "
+      f"cost per call, {floor['ort_median_ms'] * 1e3:.1f} µs on `intbool` (three element-wise "
+      f"ops on [1,4]), against tract's {floor['ci_ms'] * 1e3:.1f} µs there; *fixed costs out* "
+      "subtracts each side's `intbool` time per round from its own, the fairest estimate of the "
+      "kernels alone.\n")
     p("A second estimate, the client's request time minus that of the built-in `simple` "
       f"model (INT32 [1,16] x2, run inline without the hop: {simple_req:.3f} ms per request, "
       f"compute_infer {simple_ci:.1f} µs), keeps the hop and adds the difference in body sizes:\n")
@@ -383,18 +383,18 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
         p(f"\n**Warning**: in {mism} runs the statistics counted another number of executions than "
           "the client sent.")
     cnn = [r for r in rows if r["model"] == "cnn"]
-    holds = all(r["ratio"] >= 0.5 for r in cnn)
-    holds_est = all(r["ratio_est"] >= 0.5 for r in cnn)
-    if holds:
-        verdict = "**holds**, even with the blocking-pool hop counted against tract"
-    elif holds_est:
-        verdict = ("**holds only on the estimate** of the run alone, not with the hop counted "
-                   "against tract")
+    holds = all(r["ratio"] >= 0.5 and r["ratio_net"] >= 0.5 for r in cnn)
+    holds_call = all(r["ratio_call"] >= 0.5 for r in cnn)
+    if holds and holds_call:
+        verdict = "**holds**, on model time and with the blocking-pool hop counted against tract"
+    elif holds:
+        verdict = ("**holds** on model time (compute_infer, and with both sides' fixed costs "
+                   "out), not at every batch with the blocking-pool hop counted against tract")
     else:
-        verdict = "**does not hold**, not even on the estimate of the run alone"
-    p(f"\nTarget (tract ≥ 0.5 x onnxruntime on the CNN): " + ", ".join(
-        f"batch {r['batch']}: {r['ratio']:.2f} x (est. {r['ratio_est']:.2f} x)" for r in cnn)
-      + f": {verdict}.\n")
+        verdict = "**does not hold** on model time"
+    p(f"\nTarget (tract ≥ 0.5 x onnxruntime's model throughput on the CNN): " + ", ".join(
+        f"batch {r['batch']}: {r['ratio']:.2f} x (hop counted {r['ratio_call']:.2f} x, fixed costs "
+        f"out {r['ratio_net']:.2f} x)" for r in cnn) + f": {verdict}.\n")
 
     # ------------------------------------------------------------------ part 2
     runs = {}
@@ -435,19 +435,16 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
 
     # ------------------------------------------------------------------ reading
     mlp1 = next(r for r in rows if (r["model"], r["batch"]) == ("mlp", 1))
-    share = floor["ci_ms"] / mlp1["ci_ms"] if mlp1["ci_ms"] else float("nan")
     gm, gc = runs.get("gw_mlp"), runs.get("gw_cnn")
     dm, dc = runs.get("direct_mlp"), runs.get("direct_cnn")
     reading = (
         f"Reading: on the CNN, tract's compute_infer gives {cnn[0]['ratio']:.2f} x onnxruntime's "
-        f"throughput at batch 1 and {cnn[1]['ratio']:.2f} x at batch 8, so the 0.5 x target "
-        f"{'holds' if holds else 'does not hold' if not holds_est else 'holds only on the estimate'}; "
-        f"with the fixed {floor['ci_ms'] * 1e3:.0f} µs of the blocking-pool hop and the copies taken "
-        f"out, the estimates are {cnn[0]['ratio_est']:.2f} x and {cnn[1]['ratio_est']:.2f} x. The mlp "
-        f"is too small to compare models: onnxruntime runs batch 1 in {mlp1['ort_median_ms'] * 1e3:.1f} µs "
-        f"from Python, and of tract's {mlp1['ci_ms'] * 1e3:.1f} µs the fixed cost measured on intbool "
-        f"is {share:.0%}, so its ratio ({mlp1['ratio']:.2f} x) measures the worker's per-call cost "
-        "(the blocking-pool hop) rather than tract's kernels. "
+        f"throughput at batch 1 and {cnn[1]['ratio']:.2f} x at batch 8 ({cnn[0]['ratio_net']:.2f} x "
+        f"and {cnn[1]['ratio_net']:.2f} x with both sides' fixed costs out); with the "
+        f"{floor['hop_ms'] * 1e3:.0f} µs hop to the blocking pool counted against tract, "
+        f"{cnn[0]['ratio_call']:.2f} x and {cnn[1]['ratio_call']:.2f} x. The mlp is too small to "
+        f"compare kernels: onnxruntime runs batch 1 in {mlp1['ort_median_ms'] * 1e3:.1f} µs from "
+        f"Python and tract in {mlp1['ci_ms'] * 1e3:.1f} µs, most of either a fixed cost per call. "
         "Both sides are one thread on one core of a shared VM, whose speed drifts between minutes; "
         "rounds alternate and the table gives medians, but differences under about 10% are noise.")
     if gm and gc and dm and dc:

@@ -79,7 +79,13 @@ impl From<EncodedBody> for WireBody {
 
 /// What a backend answered.
 pub enum Reply {
-    Decoded(InferResponse),
+    /// An in-process model's answer. `queued`: how long the call waited for an instance of
+    /// the model and for the thread that runs it, there and back, which the statistics count
+    /// as queue time, as Triton does, and not as the model's compute time.
+    Decoded {
+        response: InferResponse,
+        queued: std::time::Duration,
+    },
     Http {
         status: StatusCode,
         headers: HeaderMap,

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{OnceCell, Semaphore};
@@ -265,20 +266,28 @@ impl Backend for BuiltinBackend {
                     BackendError::Rejected(format!("unknown model '{}'", call.model))
                 })?;
             let version = call.version.map(str::to_string);
-            let (outputs, req) = match &slot.permits {
-                None => (slot.model.infer_version(version.as_deref(), &req), req),
+            let (outputs, req, queued) = match &slot.permits {
+                None => (
+                    slot.model.infer_version(version.as_deref(), &req),
+                    req,
+                    Duration::ZERO,
+                ),
                 Some(permits) => {
+                    let called = Instant::now();
                     let _permit = permits
                         .clone()
                         .acquire_owned()
                         .await
                         .map_err(|_| BackendError::Broken("the model was unloaded".into()))?;
                     let model = slot.model.clone();
-                    tokio::task::spawn_blocking(move || {
-                        (model.infer_version(version.as_deref(), &req), req)
+                    let (outputs, req, ran) = tokio::task::spawn_blocking(move || {
+                        let running = Instant::now();
+                        let outputs = model.infer_version(version.as_deref(), &req);
+                        (outputs, req, running.elapsed())
                     })
                     .await
-                    .map_err(|e| BackendError::Broken(panicked(call.model, e)))?
+                    .map_err(|e| BackendError::Broken(panicked(call.model, e)))?;
+                    (outputs, req, called.elapsed().saturating_sub(ran))
                 }
             };
             let outputs = outputs.map_err(|e| match e {
@@ -296,7 +305,7 @@ impl Backend for BuiltinBackend {
                     ))
                 })?;
             }
-            Ok(Reply::Decoded(InferResponse {
+            let response = InferResponse {
                 id: req.id.clone(),
                 model_name: call.model.to_string(),
                 // The version that ran: the one asked for, else the latest (as Triton says).
@@ -307,7 +316,8 @@ impl Backend for BuiltinBackend {
                     .or_else(|| Some("1".into())),
                 parameters: Parameters::new(),
                 outputs,
-            }))
+            };
+            Ok(Reply::Decoded { response, queued })
         })
     }
 
@@ -441,5 +451,53 @@ mod tests {
             ),
             other => panic!("expected Broken, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// A one-instance model that takes 100 ms a run.
+    struct Slow(ModelMetadata);
+
+    impl Model for Slow {
+        fn metadata(&self) -> &ModelMetadata {
+            &self.0
+        }
+        fn instances(&self) -> Option<usize> {
+            Some(1)
+        }
+        fn infer(&self, _: &InferRequest) -> Result<Vec<Tensor>, ModelError> {
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(vec![])
+        }
+    }
+
+    /// The wait for a busy instance is queue time, not the model's: of two calls at once to
+    /// a one-instance model, the second reports the first's run as queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wait_for_an_instance_is_reported_as_queued() {
+        let metadata = crate::models::metadata("slow", vec![], vec![]);
+        let backend = BuiltinBackend::new(BTreeMap::from([(
+            "slow".to_string(),
+            Arc::new(Slow(metadata)) as Arc<dyn Model>,
+        )]));
+        let call = || InferCall {
+            model: "slow",
+            version: None,
+            payload: Payload::Decoded(InferRequest {
+                id: None,
+                parameters: Parameters::new(),
+                options: Default::default(),
+                inputs: vec![],
+                outputs: None,
+            }),
+            headers: Default::default(),
+        };
+        let (a, b) = tokio::join!(backend.infer(call()), backend.infer(call()));
+        let queued = |r: Result<Reply, BackendError>| match r {
+            Ok(Reply::Decoded { queued, .. }) => queued,
+            _ => panic!("expected an answer"),
+        };
+        // One of them waited for the other's whole run (the permit is held through it), on
+        // top of its own hop to the blocking pool.
+        let longer = queued(a).max(queued(b));
+        assert!(longer >= Duration::from_millis(100), "{longer:?}");
     }
 }

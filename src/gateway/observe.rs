@@ -66,6 +66,14 @@ impl Observation {
             ..Observation::default()
         }
     }
+
+    /// Moves `waited`, part of a backend call already counted in `compute_infer`, to
+    /// `queue`: an in-process model's wait for an instance and for its thread.
+    pub fn count_as_queue(&mut self, waited: Duration) {
+        let waited = waited.min(self.compute_infer);
+        self.compute_infer -= waited;
+        self.queue += waited;
+    }
 }
 
 /// Starts a phase; `Phase::end` adds its time to one of the observation's durations.
@@ -182,10 +190,12 @@ struct ModelStats {
     compute_output: Counter,
 }
 
-/// The statistics extension's numbers, from the gateway's point of view (it has no queue):
-/// `queue` is the model's lookup and the request's setup before a backend is chosen,
-/// `compute_input` decoding, validating and encoding for the backend, `compute_infer` the
-/// backend's round trips, `compute_output` shaping and encoding the response. The phases
+/// The statistics extension's numbers, from the gateway's point of view: `queue` is the
+/// model's lookup and the request's setup before a backend is chosen, and for an in-process
+/// model (built-in or from a repository) the wait for a free instance and the hop to the
+/// thread that runs it, there and back; `compute_input` decoding, validating and encoding
+/// for the backend, `compute_infer` the backend's round trips (for an in-process model, its
+/// run, the copies into and out of its runtime included), `compute_output` shaping and encoding the response. The phases
 /// are counted for successful requests only, as Triton does, and are disjoint parts of the
 /// request's duration; reading the body, routing and shedding are in none of them. The
 /// `nv_inference_*_us` series are fed from these same counters, so they agree with this
@@ -474,6 +484,25 @@ fn valid_traceparent(v: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wait moves from the backend call to the queue, and never more than the call took:
+    /// the phases stay disjoint parts of the request.
+    #[test]
+    fn a_models_wait_moves_to_the_queue() {
+        let mut obs = Observation::new(Protocol::Rest);
+        obs.queue = Duration::from_micros(5);
+        obs.compute_infer = Duration::from_micros(30);
+        obs.count_as_queue(Duration::from_micros(12));
+        assert_eq!(
+            (obs.queue, obs.compute_infer),
+            (Duration::from_micros(17), Duration::from_micros(18))
+        );
+        obs.count_as_queue(Duration::from_micros(50));
+        assert_eq!(
+            (obs.queue, obs.compute_infer),
+            (Duration::from_micros(35), Duration::ZERO)
+        );
+    }
 
     #[test]
     fn traceparent_is_kept_or_created() {

@@ -331,8 +331,12 @@ impl Attempt<'_> {
             }
         };
         match reply {
-            Reply::Decoded(resp) => {
+            Reply::Decoded {
+                response: resp,
+                queued,
+            } => {
                 backend.health.record_success();
+                obs.count_as_queue(queued);
                 let output = Phase::start();
                 let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
                 output.end(&mut obs.compute_output);
