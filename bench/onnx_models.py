@@ -306,8 +306,12 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
                 ratio.append(om / c)
                 ratio_call.append(om / (c + q))
                 f, of = floors.get(r["round"]), ort_floors.get(r["round"])
-                if f and of and c > per_call(f, "infer_ns"):
-                    ratio_net.append((om - of["mean_ns"]) / (c - per_call(f, "infer_ns")))
+                if f and of:
+                    # Each side's run beyond its fixed cost; under a fifth of the call, the
+                    # difference is mostly noise and gives no ratio.
+                    net, ort_net = c - per_call(f, "infer_ns"), om - of["mean_ns"]
+                    if net > 0.2 * c and ort_net > 0.2 * om:
+                        ratio_net.append(ort_net / net)
         rows.append({
             "model": model, "batch": batch,
             "ort_median_ms": med(x["median_ns"] for x in o) / 1e6,
@@ -355,7 +359,12 @@ def render(out: Path, seconds: float, rounds: int, conns: int, binary: str, comm
     p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         name = r["model"] + (" (calibration)" if (r["model"], r["batch"]) == FLOOR else "")
-        net = "—" if (r["model"], r["batch"]) == FLOOR else f"{r['ratio_net']:.2f}"
+        if (r["model"], r["batch"]) == FLOOR:
+            net = "—"
+        elif r["ratio_net"] != r["ratio_net"]:  # NaN: no round had a run beyond the fixed costs
+            net = "lost in the fixed costs"
+        else:
+            net = f"{r['ratio_net']:.2f}"
         p(f"| {name} | {r['batch']} | {r['ort_median_ms']:.4f} | {r['ort_bps']:,.0f} | {r['ci_ms']:.4f} "
           f"| {r['tract_bps']:,.0f} | {r['ratio']:.2f} | {r['call_ms']:.4f} | {r['ratio_call']:.2f} | {net} |")
     floor = rows[-1]

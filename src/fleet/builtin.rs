@@ -425,15 +425,17 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_output_that_contradicts_its_shape_is_the_servers_fault() {
-        let metadata = crate::models::metadata("broken", vec![], vec![]);
-        let backend = BuiltinBackend::new(BTreeMap::from([(
-            "broken".to_string(),
-            Arc::new(Broken(metadata)) as Arc<dyn Model>,
-        )]));
-        let call = InferCall {
-            model: "broken",
+    fn one_model(name: &str, model: impl Model + 'static) -> BuiltinBackend {
+        BuiltinBackend::new(BTreeMap::from([(
+            name.to_string(),
+            Arc::new(model) as Arc<dyn Model>,
+        )]))
+    }
+
+    /// A call without inputs to `model`.
+    fn call(model: &str) -> InferCall<'_> {
+        InferCall {
+            model,
             version: None,
             payload: Payload::Decoded(InferRequest {
                 id: None,
@@ -443,8 +445,14 @@ mod tests {
                 outputs: None,
             }),
             headers: Default::default(),
-        };
-        match backend.infer(call).await {
+        }
+    }
+
+    #[tokio::test]
+    async fn an_output_that_contradicts_its_shape_is_the_servers_fault() {
+        let metadata = crate::models::metadata("broken", vec![], vec![]);
+        let backend = one_model("broken", Broken(metadata));
+        match backend.infer(call("broken")).await {
             Err(BackendError::Broken(m)) => assert_eq!(
                 m,
                 "model 'broken': output 'OUT': inconsistent tensor: shape [2] of FP32 needs 8 bytes, data has 4"
@@ -474,23 +482,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_wait_for_an_instance_is_reported_as_queued() {
         let metadata = crate::models::metadata("slow", vec![], vec![]);
-        let backend = BuiltinBackend::new(BTreeMap::from([(
-            "slow".to_string(),
-            Arc::new(Slow(metadata)) as Arc<dyn Model>,
-        )]));
-        let call = || InferCall {
-            model: "slow",
-            version: None,
-            payload: Payload::Decoded(InferRequest {
-                id: None,
-                parameters: Parameters::new(),
-                options: Default::default(),
-                inputs: vec![],
-                outputs: None,
-            }),
-            headers: Default::default(),
-        };
-        let (a, b) = tokio::join!(backend.infer(call()), backend.infer(call()));
+        let backend = one_model("slow", Slow(metadata));
+        let (a, b) = tokio::join!(backend.infer(call("slow")), backend.infer(call("slow")));
         let queued = |r: Result<Reply, BackendError>| match r {
             Ok(Reply::Decoded { queued, .. }) => queued,
             _ => panic!("expected an answer"),

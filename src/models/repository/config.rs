@@ -135,6 +135,7 @@ pub fn parse(text: &str) -> Result<ModelConfigFile, ConfigError> {
         }
     }
     let groups = messages(&msg, "instance_group");
+    let mut instances = 0usize;
     for (i, g) in groups.iter().enumerate() {
         ignored_fields(
             g,
@@ -149,27 +150,21 @@ pub fn parse(text: &str) -> Result<ModelConfigFile, ConfigError> {
                 ));
             }
         }
+        // Unset is Triton's default of 1; a count set to 0 or less is refused, as Triton
+        // refuses it, rather than read as 1.
+        let count = match g.get_field_by_name("count").and_then(|v| v.as_i32()) {
+            Some(count) if g.has_field_by_name("count") => count,
+            _ => 1,
+        };
+        if count < 1 {
+            return Err(
+                format!("instance_group[{i}].count must be at least 1, not {count}").into(),
+            );
+        }
+        instances += count as usize;
     }
     if !groups.is_empty() {
-        let mut total = 0usize;
-        for (i, g) in groups.iter().enumerate() {
-            // Unset is Triton's default of 1; a count set to 0 or less is refused, as Triton
-            // refuses it, rather than read as 1.
-            let count = if g.has_field_by_name("count") {
-                g.get_field_by_name("count")
-                    .and_then(|v| v.as_i32())
-                    .unwrap_or(0)
-            } else {
-                1
-            };
-            if count < 1 {
-                return Err(
-                    format!("instance_group[{i}].count must be at least 1, not {count}").into(),
-                );
-            }
-            total += count as usize;
-        }
-        config.instances = Some(total);
+        config.instances = Some(instances);
     }
     if let Some(policy) = msg
         .get_field_by_name("version_policy")
