@@ -192,14 +192,14 @@ struct ModelStats {
 
 /// The statistics extension's numbers, from the gateway's point of view: `queue` is the
 /// model's lookup and the request's setup before a backend is chosen, and for an in-process
-/// model (built-in or from a repository) the wait for a free instance and the hop to the
+/// model (built-in or from a repository) the wait for a free instance and the handoff to the
 /// thread that runs it, there and back; `compute_input` decoding, validating and encoding
 /// for the backend, `compute_infer` the backend's round trips (for an in-process model, its
-/// run, the copies into and out of its runtime included), `compute_output` shaping and encoding the response. The phases
-/// are counted for successful requests only, as Triton does, and are disjoint parts of the
-/// request's duration; reading the body, routing and shedding are in none of them. The
-/// `nv_inference_*_us` series are fed from these same counters, so they agree with this
-/// endpoint to the microsecond.
+/// run, the copies into and out of its runtime included), `compute_output` shaping and
+/// encoding the response. The phases are counted for successful requests only, as Triton
+/// does, and are disjoint parts of the request's duration; reading the body, routing and
+/// shedding are in none of them. The `nv_inference_*_us` series are fed from these same
+/// counters, so they agree with this endpoint to the microsecond.
 #[derive(Default)]
 pub struct Stats {
     /// By `stats_key(model, version)`: one string, so that a lookup borrows a reused buffer

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use tract_onnx::prelude::*;
-use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat, PoolSpec};
+use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat, PaddingSpec, PoolSpec};
 use tract_onnx::tract_core::ops::nn::DataFormat;
 
 #[cfg(test)]
@@ -30,15 +30,17 @@ const CHANNELS: usize = 4;
 const TAPS: usize = 9;
 /// Input channels at most, and the row width from which tract's own direct convolution
 /// takes over: beyond either, tract was as fast or faster in `speed::against_tract` (64
-/// channels on 56×56 rows: 1.10 × tract's time; 3 channels on 224×224: 2.5 ×), and the op
+/// channels on 56×56 rows: 1.10 × tract's time; 3 channels on 224×224: 2.6 ×), and the op
 /// leaves the convolution to tract.
 const MAX_INPUT_CHANNELS: usize = 32;
 const MIN_TRACT_ROW: usize = 128;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conv3x3 {
-    /// tract's spec of the convolution replaced: its padding and the output's facts.
+    /// tract's spec of the convolution replaced, which gives the output's facts.
     pool_spec: PoolSpec,
+    /// Rows (top, bottom) and columns (left, right) of zeros around the input.
+    pads: [[usize; 2]; 2],
     inputs: usize,
     outputs: usize,
     /// The kernel, packed for the loop: `[output block][input channel][tap][CHANNELS]`,
@@ -69,9 +71,11 @@ impl Conv3x3 {
             && outputs > 0
             && input.datum_type == f32::datum_type()
             && input.rank() == 4
+            // A row whose width is known only at run time stays tract's: it may be as wide as
+            // the rows where tract's own direct convolution wins.
             && input.shape[3]
                 .to_i64()
-                .map_or(true, |w| (w as usize) < MIN_TRACT_ROW)
+                .is_ok_and(|w| (w as usize) < MIN_TRACT_ROW)
             && input.shape[1] == inputs.to_dim();
         if !fits {
             return None;
@@ -83,6 +87,7 @@ impl Conv3x3 {
     fn pack(conv: &Conv, kernel: &Tensor, bias: &Tensor) -> Option<Self> {
         let spec = &conv.pool_spec;
         let (inputs, outputs) = (spec.input_channels, spec.output_channels);
+        let pads = padding(&spec.padding)?;
         let fits = kernel.datum_type() == f32::datum_type()
             && kernel.shape() == [outputs, inputs, 3, 3]
             && bias.datum_type() == f32::datum_type()
@@ -113,6 +118,7 @@ impl Conv3x3 {
             .collect();
         Some(Conv3x3 {
             pool_spec: spec.clone(),
+            pads,
             inputs,
             outputs,
             packed: Arc::new(packed),
@@ -121,14 +127,24 @@ impl Conv3x3 {
     }
 
     fn geometry(&self, [h, w]: [usize; 2]) -> Geometry {
-        let pads = self.pool_spec.computed_padding(&[h, w]);
-        Geometry::new(
-            self.inputs,
-            self.outputs,
-            [h, w],
-            [pads[0].pad_before, pads[0].pad_after],
-            [pads[1].pad_before, pads[1].pad_after],
-        )
+        let [rows, cols] = self.pads;
+        Geometry::new(self.inputs, self.outputs, [h, w], rows, cols)
+    }
+}
+
+/// The padding of a 3×3 stride-1 convolution: rows (top, bottom) and columns (left, right),
+/// the same for every input size; `None` for a kind this op does not take.
+fn padding(spec: &PaddingSpec) -> Option<[[usize; 2]; 2]> {
+    match spec {
+        PaddingSpec::Valid => Some([[0, 0]; 2]),
+        // SAME keeps the size: at stride 1 a 3×3 kernel needs two rows and two columns,
+        // one on each side, whichever side SAME_UPPER or SAME_LOWER would favour.
+        PaddingSpec::SameUpper | PaddingSpec::SameLower => Some([[1, 1]; 2]),
+        PaddingSpec::Explicit(before, after) if before.len() == 2 && after.len() == 2 => {
+            Some([[before[0], after[0]], [before[1], after[1]]])
+        }
+        // Ceil mode and the like are pools' and are not expected on a convolution.
+        _ => None,
     }
 }
 
@@ -380,12 +396,53 @@ mod tests {
         out
     }
 
+    /// Explicit padding as [top, bottom, left, right], or a kind ONNX names.
+    #[derive(Debug, Clone)]
+    enum Pad {
+        Explicit([usize; 4]),
+        Valid,
+        SameUpper,
+        SameLower,
+    }
+
+    impl Pad {
+        fn spec(&self) -> PaddingSpec {
+            match self {
+                Pad::Explicit(p) => PaddingSpec::Explicit(tvec![p[0], p[2]], tvec![p[1], p[3]]),
+                Pad::Valid => PaddingSpec::Valid,
+                Pad::SameUpper => PaddingSpec::SameUpper,
+                Pad::SameLower => PaddingSpec::SameLower,
+            }
+        }
+
+        /// [top, bottom, left, right], by ONNX's definition of each kind.
+        fn sides(&self) -> [usize; 4] {
+            match self {
+                Pad::Explicit(p) => *p,
+                Pad::Valid => [0; 4],
+                Pad::SameUpper | Pad::SameLower => [1; 4],
+            }
+        }
+    }
+
+    fn pads() -> impl Strategy<Value = Pad> {
+        prop_oneof![
+            proptest::array::uniform4(0usize..3).prop_map(Pad::Explicit),
+            Just(Pad::Valid),
+            Just(Pad::SameUpper),
+            Just(Pad::SameLower),
+        ]
+    }
+
     fn spec(c: usize, o: usize, pads: [usize; 4]) -> PoolSpec {
-        use tract_onnx::tract_core::ops::cnn::PaddingSpec;
+        with_padding(c, o, &Pad::Explicit(pads))
+    }
+
+    fn with_padding(c: usize, o: usize, pad: &Pad) -> PoolSpec {
         PoolSpec {
             data_format: DataFormat::NCHW,
             kernel_shape: tvec![3, 3],
-            padding: PaddingSpec::Explicit(tvec![pads[0], pads[2]], tvec![pads[1], pads[3]]),
+            padding: pad.spec(),
             dilations: None,
             strides: None,
             input_channels: c,
@@ -402,12 +459,12 @@ mod tests {
         }
     }
 
-    fn op(kernel: &[f32], bias: &[f32], shape: [usize; 4], o: usize, pads: [usize; 4]) -> Conv3x3 {
+    fn op(kernel: &[f32], bias: &[f32], shape: [usize; 4], o: usize, pad: &Pad) -> Conv3x3 {
         let [n, c, h, w] = shape;
         let kernel = Tensor::from_shape(&[o, c, 3, 3], kernel).unwrap();
         let bias = Tensor::from_shape(&[bias.len()], bias).unwrap();
         Conv3x3::new(
-            &conv_op(spec(c, o, pads)),
+            &conv_op(with_padding(c, o, pad)),
             &f32::fact([n, c, h, w]),
             &kernel,
             &bias,
@@ -422,10 +479,10 @@ mod tests {
         bias: &[f32],
         shape: [usize; 4],
         o: usize,
-        pads: [usize; 4],
+        pad: &Pad,
     ) -> Vec<f32> {
         let [n, c, h, w] = shape;
-        let op = op(kernel, bias, shape, o, pads);
+        let op = op(kernel, bias, shape, o, pad);
         let input = Tensor::from_shape(&[n, c, h, w], input).unwrap();
         let out = NchwOp(op)
             .eval_out_of_plan(tvec!(input.into_tvalue()))
@@ -461,22 +518,24 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
         /// Any batch, channel counts on both sides of a block, rows narrower and wider than a
-        /// block of columns, and every padding from none to two on each side.
+        /// block of columns, every explicit padding from none to two on each side, VALID and
+        /// both SAMEs.
         #[test]
         fn computes_the_convolution(
-            n in 1usize..3, c in 1usize..6, o in 1usize..10,
+            n in 0usize..3, c in 1usize..6, o in 1usize..10,
             h in 0usize..9, w in 0usize..40,
-            pads in proptest::array::uniform4(0usize..3),
+            pad in pads(),
             seed in any::<u64>(),
         ) {
+            let pads = pad.sides();
             let input = values(n * c * h * w, seed);
             let kernel = values(o * c * 9, seed.rotate_left(17));
             let bias = values(o, seed.rotate_left(31));
-            let got = run(&input, &kernel, &bias, [n, c, h, w], o, pads);
+            let got = run(&input, &kernel, &bias, [n, c, h, w], o, &pad);
             let want = reference(&input, &kernel, &bias, n, c, o, [h, w], pads);
             assert_close(&got, &want, "picked");
             // The kernels this CPU did not pick compute the same.
-            let op = op(&kernel, &bias, [n, c, h, w], o, pads);
+            let op = op(&kernel, &bias, [n, c, h, w], o, &pad);
             let g = op.geometry([h, w]);
             for (name, kernel) in other_kernels() {
                 let mut out = vec![0.0; want.len()];
@@ -513,7 +572,7 @@ mod tests {
         let (c, o) = (2, 5);
         let input = values(c * 6 * 6, 3);
         let kernel = values(o * c * 9, 5);
-        let got = run(&input, &kernel, &[0.25], [1, c, 6, 6], o, [1, 1, 1, 1]);
+        let got = run(&input, &kernel, &[0.25], [1, c, 6, 6], o, &Pad::SameUpper);
         let want = reference(&input, &kernel, &[0.25; 5], 1, c, o, [6, 6], [1, 1, 1, 1]);
         assert_close(&got, &want, "picked");
     }
@@ -526,10 +585,64 @@ mod tests {
         input[0] = f32::INFINITY;
         input[24] = f32::NAN;
         let kernel = vec![1.0f32; 9];
-        let got = run(&input, &kernel, &[0.0], [1, 1, 5, 5], 1, [1, 1, 1, 1]);
+        let got = run(
+            &input,
+            &kernel,
+            &[0.0],
+            [1, 1, 5, 5],
+            1,
+            &Pad::Explicit([1; 4]),
+        );
         assert_eq!(got[0], f32::INFINITY);
         assert!(got[24].is_nan() && got[18].is_nan());
         assert_eq!(got[12], 9.0);
+    }
+
+    /// How many convolutions `replace_convs` takes from a model of one 3×3 convolution (two
+    /// outputs, padding 1) over `input`, changed by `change`.
+    fn replaced(input: TypedFact, change: impl Fn(&mut Conv)) -> usize {
+        let c = input.shape[1].to_i64().unwrap() as usize;
+        let mut conv = conv_op(spec(c, 2, [1; 4]));
+        change(&mut conv);
+        let per_group = c / conv.group;
+        let mut model = TypedModel::default();
+        let x = model.add_source("x", input).unwrap();
+        let k = model
+            .add_const("k", Tensor::zero::<f32>(&[2, per_group, 3, 3]).unwrap())
+            .unwrap();
+        let b = model.add_const("b", tensor1(&[0f32, 1.0])).unwrap();
+        let y = model.wire_node("conv", conv, &[x, k, b]).unwrap()[0];
+        model.select_output_outlets(&[y]).unwrap();
+        replace_convs(&mut model).unwrap()
+    }
+
+    /// Rows as wide as tract's own direct convolution takes, or of a width known only at run
+    /// time, dilations, groups and a pool's ceil mode stay tract's.
+    #[test]
+    fn leaves_to_tract_what_it_does_as_well_or_this_op_does_not_compute() {
+        let fact = |w: usize| f32::fact([1, 2, 8, w]);
+        assert_eq!(replaced(fact(MIN_TRACT_ROW - 1), |_| ()), 1);
+        assert_eq!(replaced(fact(MIN_TRACT_ROW), |_| ()), 0);
+        let n = TDim::Sym(SymbolScope::default().sym("N"));
+        let w = TDim::Sym(SymbolScope::default().sym("W"));
+        assert_eq!(
+            replaced(
+                f32::fact(&[n.clone(), 2.into(), 8.into(), 8.into()]),
+                |_| ()
+            ),
+            1
+        );
+        assert_eq!(replaced(f32::fact(&[n, 2.into(), 8.into(), w]), |_| ()), 0);
+        assert_eq!(
+            replaced(fact(8), |c| c.pool_spec.dilations = Some(tvec![2, 2])),
+            0
+        );
+        assert_eq!(replaced(fact(8), |c| c.group = 2), 0);
+        assert_eq!(
+            replaced(fact(8), |c| c.pool_spec.padding =
+                PaddingSpec::ExplicitOnnxPool(tvec![1, 1], tvec![1, 1], true)),
+            0
+        );
     }
 
     #[test]
