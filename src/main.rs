@@ -43,10 +43,11 @@ enum Command {
         /// Address of the v2 REST listener, overriding server.listen.
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
-        /// Address of the Prometheus /metrics listener, overriding server.metrics_listen. It
-        /// cannot be turned off; bind it to 127.0.0.1 to keep it private.
-        #[arg(long, value_name = "ADDR")]
-        metrics_listen: Option<SocketAddr>,
+        /// Address of the Prometheus /metrics listener, overriding server.metrics_listen
+        /// (default 0.0.0.0:8002, Triton's metrics port); "" turns it off. Bind it to
+        /// 127.0.0.1 to keep it private.
+        #[arg(long, value_name = "ADDR", value_parser = optional_address)]
+        metrics_listen: Option<OptionalAddress>,
         /// Address of the v2 gRPC listener (inference.GRPCInferenceService and
         /// grpc.health.v1.Health), overriding server.grpc_listen (default 0.0.0.0:8001,
         /// Triton's gRPC port); "" turns it off.
@@ -162,7 +163,7 @@ struct Overrides {
     backends: Vec<String>,
     model_repository: Option<PathBuf>,
     listen: Option<SocketAddr>,
-    metrics_listen: Option<SocketAddr>,
+    metrics_listen: Option<Option<SocketAddr>>,
     grpc_listen: Option<Option<SocketAddr>>,
     worker_threads: Option<usize>,
 }
@@ -304,7 +305,7 @@ fn main() -> ExitCode {
                 backends,
                 model_repository,
                 listen,
-                metrics_listen,
+                metrics_listen: metrics_listen.map(|OptionalAddress(a)| a),
                 grpc_listen: grpc_listen.map(|OptionalAddress(a)| a),
                 worker_threads,
             };

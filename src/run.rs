@@ -110,10 +110,9 @@ pub async fn start_with_resolver(
 
     let listener = bind(config.server.listen, "the v2 API").await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let metrics_listener = if with_metrics {
-        Some(bind(config.server.metrics_listen, "metrics").await?)
-    } else {
-        None
+    let metrics_listener = match config.server.metrics_listen.filter(|_| with_metrics) {
+        Some(a) => Some(bind(a, "metrics").await?),
+        None => None,
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let grpc_listener = match config.server.grpc_listen {

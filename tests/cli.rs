@@ -203,6 +203,22 @@ fn serve_refuses_a_bad_backend_url() {
     );
 }
 
+/// The two listeners that "" turns off say so when their address cannot be read.
+#[test]
+fn optional_listener_addresses_are_checked() {
+    for flag in ["--metrics-listen", "--grpc-listen"] {
+        let out = tensorgate(&["serve", flag, "localhost"]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "invalid value 'localhost' for '{flag} <ADDR>': 'localhost' is not an address (host:port, or \"\" for none)"
+            )),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn worker_threads_beyond_the_bound_are_refused() {
     for args in [

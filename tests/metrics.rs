@@ -25,11 +25,20 @@ fn simple_body(batch: usize) -> Value {
     ]})
 }
 
+async fn infer_simple(client: &reqwest::Client, addr: std::net::SocketAddr) -> reqwest::Response {
+    client
+        .post(format!("http://{addr}/v2/models/simple/infer"))
+        .json(&simple_body(1))
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_exactly() {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     let gw = tensorgate::run::start(config, true).await.unwrap();
     let base = format!("http://{}", gw.addr);
@@ -264,7 +273,7 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
         .unwrap();
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     config
         .set_backends(&["builtin".into(), format!("http://{closed}")])
@@ -315,7 +324,7 @@ async fn retries_ejections_timeouts_transcoding_and_reloads_count_exactly() {
     let (dying, living) = (worker().await.unwrap(), worker().await.unwrap());
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     config
         .set_backends(&[
@@ -512,7 +521,7 @@ async fn a_removed_backend_leaves_no_series() {
     let kept_url = format!("http://{}", kept.addr);
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     config
         .set_backends(&[kept_url.clone(), format!("http://{}", removed.addr)])
@@ -532,12 +541,7 @@ async fn a_removed_backend_leaves_no_series() {
             .unwrap()
     };
     let infer = || async {
-        let r = client
-            .post(format!("http://{}/v2/models/simple/infer", gw.addr))
-            .json(&simple_body(1))
-            .send()
-            .await
-            .unwrap();
+        let r = infer_simple(&client, gw.addr).await;
         assert_eq!(r.status(), 200);
         r.headers()["x-tensorgate-backend"]
             .to_str()
@@ -741,5 +745,26 @@ async fn version_stats_have_tritons_shape_and_count_the_requests() {
         r.json::<Value>().await.unwrap(),
         json!({"error": "model 'simple' has no version '2' (its versions are 1)"})
     );
+    gw.shutdown().await;
+}
+
+/// `metrics_listen = ""` opens no metrics listener, and the v2 API serves as before (its
+/// statistics extension included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_metrics_listen_turns_the_listener_off() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\n\
+                [[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n";
+    let config: Config = toml::from_str(text).unwrap();
+    assert_eq!(config.server.metrics_listen, None);
+    let gw = tensorgate::run::start(config, true).await.unwrap();
+    assert_eq!(gw.metrics_addr, None);
+    let client = reqwest::Client::new();
+    assert_eq!(infer_simple(&client, gw.addr).await.status(), 200);
+    let stats = client
+        .get(format!("http://{}/v2/models/simple/stats", gw.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stats.status(), 200);
     gw.shutdown().await;
 }

@@ -79,7 +79,7 @@ async fn an_unchanged_request_and_response_cross_as_their_own_bytes() {
     let (backend, log) = start_backend().await;
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     config.set_backends(&[format!("http://{backend}")]).unwrap();
     let gw = tensorgate::run::start(config, false).await.unwrap();

@@ -68,7 +68,7 @@ async fn start_backend() -> (SocketAddr, Log) {
 async fn start_gateway(backend: SocketAddr) -> tensorgate::run::Running {
     let mut config = Config::embedded_default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     config.server.grpc_listen = None;
     config.set_backends(&[format!("http://{backend}")]).unwrap();
     tensorgate::run::start(config, true).await.unwrap()

@@ -562,7 +562,10 @@ mod tests {
     fn the_embedded_config_is_valid() {
         let c = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
         assert_eq!(c.server.listen.to_string(), "0.0.0.0:8000");
-        assert_eq!(c.server.metrics_listen.to_string(), "0.0.0.0:8002");
+        assert_eq!(
+            c.server.metrics_listen,
+            Some("0.0.0.0:8002".parse().unwrap())
+        );
         assert_eq!(c.backends.len(), 1);
         assert_eq!(c.backends[0].url.get_ref(), "builtin");
     }

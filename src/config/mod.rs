@@ -41,8 +41,12 @@ pub struct Config {
 pub struct ServerConfig {
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    #[serde(default = "default_metrics_listen")]
-    pub metrics_listen: SocketAddr,
+    /// Address of the Prometheus /metrics listener; `""` (None) turns it off.
+    #[serde(
+        default = "default_metrics_listen",
+        deserialize_with = "optional_address"
+    )]
+    pub metrics_listen: Option<SocketAddr>,
     /// Address of the v2 gRPC listener; `""` (None) turns it off.
     #[serde(default = "default_grpc_listen", deserialize_with = "optional_address")]
     pub grpc_listen: Option<SocketAddr>,
@@ -193,8 +197,8 @@ impl Default for ServerConfig {
 fn default_listen() -> SocketAddr {
     "0.0.0.0:8000".parse().expect("valid address")
 }
-fn default_metrics_listen() -> SocketAddr {
-    "0.0.0.0:8002".parse().expect("valid address")
+fn default_metrics_listen() -> Option<SocketAddr> {
+    Some("0.0.0.0:8002".parse().expect("valid address"))
 }
 fn default_grpc_listen() -> Option<SocketAddr> {
     Some("0.0.0.0:8001".parse().expect("valid address"))

@@ -44,7 +44,7 @@ pub fn loopback() -> SocketAddr {
 pub fn builtin_config() -> Config {
     let mut c = Config::embedded_default();
     c.server.listen = loopback();
-    c.server.metrics_listen = loopback();
+    c.server.metrics_listen = Some(loopback());
     c.server.grpc_listen = Some(loopback());
     c
 }
