@@ -21,6 +21,13 @@ fn from_choice(key: &str, p: InferParameter) -> Result<ParamValue> {
         }
         Some(ParameterChoice::Int64Param(i)) => ParamValue::Int(i),
         Some(ParameterChoice::Uint64Param(u)) => ParamValue::Uint(u),
+        // JSON, in which the REST backends read parameters, has no NaN or infinity: such a
+        // value would reach them as null.
+        Some(ParameterChoice::DoubleParam(f)) if !f.is_finite() => {
+            return Err(ProtocolError::invalid(format!(
+                "parameter '{key}' is {f}; a double_param must be a finite number"
+            )))
+        }
         Some(ParameterChoice::DoubleParam(f)) => ParamValue::Float(f),
         Some(ParameterChoice::StringParam(s)) => ParamValue::String(s),
         None => {
@@ -72,6 +79,26 @@ pub fn params_to_proto(p: &Parameters) -> HashMap<String, InferParameter> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_double_that_json_cannot_carry_is_refused() {
+        for (f, shown) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+        ] {
+            let p = InferParameter {
+                parameter_choice: Some(ParameterChoice::DoubleParam(f)),
+            };
+            let e = params_from_proto(HashMap::from([("temperature".to_string(), p)])).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "parameter 'temperature' is {shown}; a double_param must be a finite number"
+                )
+            );
+        }
+    }
 
     fn int64(i: i64) -> InferParameter {
         InferParameter {
