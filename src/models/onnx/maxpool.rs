@@ -5,9 +5,12 @@
 //! every other pool stays tract's.
 //!
 //! It reduces two input rows into one with an element-wise max (contiguous, so it
-//! vectorises), then folds each pair of that row into an output element. Non-finite values
-//! come out as onnxruntime gives them, which tract's pools do not: a window with a NaN gives
-//! NaN (tract skips NaN taps), and a window of -inf gives -inf (tract starts from `f32::MIN`).
+//! vectorises), then folds each pair of that row into an output element. NaN taps are
+//! skipped unless the whole window is NaN (IEEE maxNum, as tract's pools skip them too), and
+//! a window of -inf gives -inf, where tract gives `f32::MIN` (it starts from that). No rule
+//! matches onnxruntime exactly: its vectorised pool keeps a NaN only in some positions of the
+//! window (onnxruntime 1.32, 2×2 windows: the second tap's NaN comes out, the others' do
+//! not); maxNum agrees with it on three positions of four, on all-NaN windows and on -inf.
 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::cnn::{MaxPool, OptMaxPool, PaddingSpec, PoolSpec};
@@ -53,22 +56,12 @@ fn pool(input: &[f32], output: &mut [f32], h: usize, w: usize) {
             let top = &plane[2 * oy * w..][..2 * ow];
             let bottom = &plane[(2 * oy + 1) * w..][..2 * ow];
             for ((p, t), b) in pairs.iter_mut().zip(top).zip(bottom) {
-                *p = max_or_nan(*t, *b);
+                *p = t.max(*b);
             }
             for (o, pair) in out_row.iter_mut().zip(pairs.chunks_exact(2)) {
-                *o = max_or_nan(pair[0], pair[1]);
+                *o = pair[0].max(pair[1]);
             }
         }
-    }
-}
-
-/// The larger of `a` and `b`, or NaN if either is: a compare and a select, which vectorise.
-#[inline(always)]
-fn max_or_nan(a: f32, b: f32) -> f32 {
-    if a > b || a.is_nan() {
-        a
-    } else {
-        b
     }
 }
 
@@ -117,7 +110,7 @@ pub fn replace_pools(model: &mut TypedModel) -> TractResult<usize> {
 mod tests {
     use super::*;
 
-    /// The pool read tap by tap: NaN if a tap is, else the largest tap.
+    /// The pool read tap by tap: the largest tap that is not NaN, NaN if all are.
     fn reference(input: &[f32], n_planes: usize, h: usize, w: usize) -> Vec<f32> {
         let (oh, ow) = (h / 2, w / 2);
         let mut out = Vec::with_capacity(n_planes * oh * ow);
@@ -126,10 +119,12 @@ mod tests {
                 for ox in 0..ow {
                     let taps = [(0, 0), (0, 1), (1, 0), (1, 1)]
                         .map(|(dy, dx)| input[p * h * w + (2 * oy + dy) * w + 2 * ox + dx]);
-                    let m = if taps.iter().any(|t| t.is_nan()) {
+                    let m = if taps.iter().all(|t| t.is_nan()) {
                         f32::NAN
                     } else {
-                        taps.into_iter().fold(f32::NEG_INFINITY, f32::max)
+                        taps.into_iter()
+                            .filter(|t| !t.is_nan())
+                            .fold(f32::NEG_INFINITY, f32::max)
                     };
                     out.push(m);
                 }
@@ -150,19 +145,24 @@ mod tests {
         }
     }
 
-    /// As onnxruntime: a NaN anywhere in a window is the window's value, wherever it sits,
-    /// and a window of -inf stays -inf.
+    /// maxNum: a NaN tap is skipped wherever it sits, a window of NaN stays NaN, and a window
+    /// of -inf stays -inf (tract's own pool would give f32::MIN).
     #[test]
-    fn non_finite_windows_come_out_as_onnxruntime_gives_them() {
+    fn nan_taps_are_skipped_and_minus_infinity_kept() {
         let (nan, inf) = (f32::NAN, f32::INFINITY);
         for at in 0..4 {
             let mut window = [1.0, 2.0, 3.0, 4.0];
             window[at] = nan;
-            let input = [window[0], window[1], window[2], window[3]];
             let mut out = [0.0; 1];
-            pool(&input, &mut out, 2, 2);
-            assert!(out[0].is_nan(), "NaN at tap {at}: {}", out[0]);
+            pool(&window, &mut out, 2, 2);
+            let want = if at == 3 { 3.0 } else { 4.0 };
+            assert_eq!(out[0], want, "NaN at tap {at}");
         }
+        let mut out = [0.0; 1];
+        pool(&[nan; 4], &mut out, 2, 2);
+        assert!(out[0].is_nan());
+        pool(&[nan, -inf, -inf, -inf], &mut out, 2, 2);
+        assert_eq!(out[0], -inf);
         let input = [-inf, -inf, 5.0, -inf, -inf, -inf, -inf, inf];
         let mut out = [0.0; 2];
         pool(&input, &mut out, 2, 4);
