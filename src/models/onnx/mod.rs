@@ -289,6 +289,13 @@ fn tensors_of(model: &TypedModel, outlets: &[OutletId]) -> Result<Vec<TensorMeta
 
 /// The metadata of one side: the graph's, or config.pbtxt's where it lists tensors (they must
 /// exist in the graph with the same datatype; with batching the shape is [-1] + dims).
+fn fixed_first_dimension(role: &str, g: &TensorMetadata, max_batch_size: u32) -> String {
+    format!(
+        "{role} '{}': config.pbtxt sets max_batch_size {max_batch_size}, but the model's first dimension is fixed at {}; set max_batch_size: 0 and give the full dims",
+        g.name, g.shape[0]
+    )
+}
+
 fn merge(
     graph: &[TensorMetadata],
     config: &[TensorMetadata],
@@ -296,6 +303,14 @@ fn merge(
     role: &str,
 ) -> Result<Vec<TensorMetadata>, String> {
     if config.is_empty() {
+        // Without tensors in config.pbtxt the graph's shapes stand, and a batch limit still
+        // needs a variable first dimension to bound.
+        if let Some(g) = graph
+            .iter()
+            .find(|g| max_batch_size > 0 && g.shape.first().is_some_and(|d| *d >= 0))
+        {
+            return Err(fixed_first_dimension(role, g, max_batch_size));
+        }
         return Ok(graph.to_vec());
     }
     if config.len() != graph.len() {
@@ -342,10 +357,7 @@ fn merge(
                 ));
             }
             if batched && g.shape[0] >= 0 {
-                return Err(format!(
-                    "{role} '{}': config.pbtxt sets max_batch_size {max_batch_size}, but the model's first dimension is fixed at {}; set max_batch_size: 0 and give the full dims",
-                    g.name, g.shape[0]
-                ));
+                return Err(fixed_first_dimension(role, g, max_batch_size));
             }
             // Triton's rule: config.pbtxt may fix a dimension the graph leaves variable, not
             // contradict one the graph fixes, nor leave it variable (clients would send
@@ -636,5 +648,13 @@ mod tests {
             Err("input 'X': config.pbtxt sets max_batch_size 8, but the model's first dimension is fixed at 1; set max_batch_size: 0 and give the full dims".to_string())
         );
         assert!(merge(&fixed, &[tensor("X", &[1, 16])], 0, "input").is_ok());
+        // Without tensors in config.pbtxt, the batch limit is checked against the graph all
+        // the same: a user's max_batch_size on a fixed batch must not be ignored.
+        assert_eq!(
+            merge(&fixed, &[], 4, "input"),
+            Err("input 'X': config.pbtxt sets max_batch_size 4, but the model's first dimension is fixed at 1; set max_batch_size: 0 and give the full dims".to_string())
+        );
+        assert!(merge(&fixed, &[], 0, "input").is_ok());
+        assert!(merge(&[tensor("X", &[-1, 16])], &[], 4, "input").is_ok());
     }
 }
