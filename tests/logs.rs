@@ -7,9 +7,10 @@ use std::time::Duration;
 
 const BODY: &str = r#"{"parameters":{"sequence_id":9,"sequence_start":true},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[3]}]}"#;
 
-/// Runs a gateway with `log_format`, sends it one `accumulate` request, stops it with
-/// SIGTERM and returns what it wrote to stderr.
-async fn log_of_one_request(log_format: &str) -> String {
+/// Runs a gateway with `log_format`, sends it one `accumulate` request and one `simple`
+/// request it refuses, stops it with SIGTERM and returns what it wrote to stderr, and the
+/// refusal's error message.
+async fn log_of_one_request(log_format: &str) -> (String, String) {
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -51,6 +52,17 @@ async fn log_of_one_request(log_format: &str) -> String {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    let refused = reqwest::Client::new()
+        .post(format!("{base}/v2/models/simple/infer"))
+        .body(r#"{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let error = refused.json::<serde_json::Value>().await.unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -66,12 +78,12 @@ async fn log_of_one_request(log_format: &str) -> String {
         .read_to_string(&mut text)
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    text
+    (text, error)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_access_logs() {
-    let text = log_of_one_request("json").await;
+    let (text, error) = log_of_one_request("json").await;
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -92,13 +104,24 @@ async fn json_access_logs() {
     assert_eq!(f["bytes_in"], BODY.len());
     assert_eq!(f["sequence_id"], "9");
     assert!(f["duration_us"].as_u64().is_some() && f["bytes_out"].as_u64().unwrap() > 0);
+    assert_eq!(f["error"], "-");
+    // A refused request's line carries the message the client got.
+    let refused: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| {
+            v["target"] == "tensorgate::access" && v["fields"]["path"] == "/v2/models/simple/infer"
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{text}");
+    assert_eq!(refused[0]["fields"]["status"], 400);
+    assert_eq!(refused[0]["fields"]["error"], error.as_str());
 }
 
 /// The plain access line is written by tensorgate's own formatter (src/logformat.rs), in
 /// tracing-subscriber's layout: `TIMESTAMP  INFO tensorgate::access: name=value ...`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_access_logs() {
-    let text = log_of_one_request("plain").await;
+    let (text, _) = log_of_one_request("plain").await;
     let access: Vec<&str> = text
         .lines()
         .filter(|l| l.contains(" tensorgate::access: ") && l.contains("/accumulate/infer"))

@@ -57,6 +57,9 @@ pub struct Observation {
     /// Why the request failed, from its error; `None` for an answer a layer made (shedding,
     /// auth), whose status then decides (`reason`).
     pub failure: Option<FailureReason>,
+    /// The failed request's error message, for the access log of an edge that writes it
+    /// after the error has become a response (REST).
+    pub error: Option<String>,
 }
 
 impl Observation {

@@ -68,6 +68,7 @@ impl tower::Service<Request<Body>> for Dispatch {
                 Ok(r) => r,
                 Err(e) => {
                     obs.failure = Some(observe::failure_of(&e));
+                    obs.error = Some(e.message().to_string());
                     let mut r = error_response(&e);
                     if let GatewayError::MethodNotAllowed(_) = e {
                         if let Some(allow) = allowed_method(e.message()) {
@@ -140,7 +141,7 @@ where
         u32::from(status.as_u16()),
         bytes_out,
         elapsed,
-        None,
+        obs.error.as_deref(),
     );
     response
 }
