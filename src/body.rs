@@ -97,6 +97,9 @@ pub fn error_response(e: &GatewayError) -> Response<Body> {
     if e.status() == StatusCode::UNAUTHORIZED {
         r = r.header(header::WWW_AUTHENTICATE, "Bearer");
     }
+    if let GatewayError::ModelFailed(_) = e {
+        r = r.header(crate::error::MODEL_FAILURE, "1");
+    }
     // Refused before its body was read (too large, or too slow): the rest of it is still on
     // the connection, which is closed after this answer; saying so keeps an HTTP/1.1 client
     // from sending its next request on it. (HTTP/2 drops the header: its streams end alone.)

@@ -45,9 +45,18 @@ pub enum GatewayError {
     /// A Triton extension that a gateway does not offer (shared memory, trace and log
     /// settings): 501 as Triton answers for what it does not support, UNIMPLEMENTED.
     Unsupported(String),
+    /// A model failed on this request (a runtime error inside it, a panic, an output its
+    /// own shape contradicts): 500, INTERNAL, as Triton answers. The request's doing as
+    /// much as the server's: the same request fails on every replica, so a gateway in front
+    /// does not count it against the server's health (REST answers carry `MODEL_FAILURE`).
+    ModelFailed(String),
     /// Our bug: 500.
     Internal(String),
 }
+
+/// The header with which a tensorgate worker marks a 500 that is a model's failure on one
+/// request, not the server's ill health; a gateway in front passes it on.
+pub const MODEL_FAILURE: &str = "tensorgate-model-failure";
 
 impl GatewayError {
     pub fn status(&self) -> StatusCode {
@@ -71,7 +80,9 @@ impl GatewayError {
             GatewayError::BadGateway(_) | GatewayError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::Backend { status, .. } => *status,
             GatewayError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::ModelFailed(_) | GatewayError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -95,7 +106,9 @@ impl GatewayError {
             GatewayError::Unavailable(_)
             | GatewayError::SequenceLost(_)
             | GatewayError::Unreachable(_) => Code::Unavailable,
-            GatewayError::BadGateway(_) | GatewayError::Internal(_) => Code::Internal,
+            GatewayError::BadGateway(_)
+            | GatewayError::ModelFailed(_)
+            | GatewayError::Internal(_) => Code::Internal,
             GatewayError::Backend { status, .. } => match status.as_u16() {
                 400 | 409 | 412 | 415 | 422 => Code::InvalidArgument,
                 401 => Code::Unauthenticated,
@@ -131,6 +144,7 @@ impl GatewayError {
             | GatewayError::BadGateway(m)
             | GatewayError::Unreachable(m)
             | GatewayError::Unsupported(m)
+            | GatewayError::ModelFailed(m)
             | GatewayError::Internal(m) => m,
             GatewayError::Backend { message, .. } => message,
         }

@@ -677,6 +677,58 @@ async fn a_runtime_failure_is_that_requests_500() {
     assert_eq!(r.status, 200);
 }
 
+/// A model's failure on one request is marked as such by the worker, and a gateway in front
+/// does not count it against the worker's health: one client's input cannot eject a fleet.
+/// The gateway answers it as a 500 that carries the mark on, and it is the only attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_failure_does_not_eject_its_worker() {
+    let w = worker("w", &fixtures().join("runtime_error")).await;
+    let text = gateway_toml(&[("w", &w.url)], "eject_after_failures = 2");
+    let gw = tensorgate::run::start(parse_config(&text), true)
+        .await
+        .unwrap();
+    let client = http_client();
+    let out_of_range = json!({"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]},
+        {"name": "I", "datatype": "INT64", "shape": [1], "data": [10]}]});
+    let direct = client
+        .post(format!("{}/v2/models/gather/infer", w.url))
+        .json(&out_of_range)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 500);
+    assert_eq!(direct.headers()["tensorgate-model-failure"], "1");
+    for _ in 0..4 {
+        let r = client
+            .post(format!("{}/v2/models/gather/infer", base(&gw)))
+            .json(&out_of_range)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500);
+        assert_eq!(r.headers()["tensorgate-model-failure"], "1");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body["error"],
+            "backend 'w': model 'gather' failed: the runtime panicked: index out of bounds: the len is 4 but the index is 10"
+        );
+    }
+    let metrics = client
+        .get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tensorgate_backend_ejected{backend=\"w\"} 0"),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}
+
 /// ONNX STRING tensors are BYTES at the v2 API: the metadata says so, UTF-8 elements go in
 /// and come back out (compared with onnxruntime's answer for the same input, computed by
 /// tests/fixtures/onnx/make_strings.py's model: SAME = TEXT, FLAT = TEXT as one row), in JSON

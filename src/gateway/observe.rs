@@ -282,7 +282,8 @@ pub fn failure_of(e: &GatewayError) -> FailureReason {
         GatewayError::Timeout(_) => FailureReason::Canceled,
         GatewayError::BadGateway(_)
         | GatewayError::Unreachable(_)
-        | GatewayError::SequenceLost(_) => FailureReason::Backend,
+        | GatewayError::SequenceLost(_)
+        | GatewayError::ModelFailed(_) => FailureReason::Backend,
         GatewayError::Backend { status, .. } if status.is_server_error() => FailureReason::Backend,
         GatewayError::Internal(_) | GatewayError::Protocol(ProtocolError::Inconsistent(_)) => {
             FailureReason::Other

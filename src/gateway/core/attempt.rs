@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::plan::{self, adapt_request, Classification};
 use super::shape::shape_response;
 use super::{Original, Outcome};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, MODEL_FAILURE};
 use crate::fleet::backend::{
     error_message, BackendError, InferCall, Payload, Reply, Retry, WireBody,
 };
@@ -350,7 +350,11 @@ impl Attempt<'_> {
                 headers,
                 body,
             } => {
-                if status.is_server_error() {
+                // A model's failure on this request (a tensorgate worker marks it) would
+                // fail on any replica: it says nothing of the backend's health, and counting
+                // it would let one client's input eject a whole fleet.
+                let model_failed = headers.contains_key(MODEL_FAILURE);
+                if status.is_server_error() && !model_failed {
                     self.record_failure(backend);
                 }
                 if !status.is_success() {
@@ -358,8 +362,14 @@ impl Attempt<'_> {
                         backend.health.record_success();
                     }
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
+                    let error = backend_status_error(backend, status, &bytes);
                     return Err(Failure {
-                        error: backend_status_error(backend, status, &bytes),
+                        error: match error {
+                            GatewayError::Backend { message, .. } if model_failed => {
+                                GatewayError::ModelFailed(message)
+                            }
+                            other => other,
+                        },
                         retry: Retry::Never,
                         rejected: status == StatusCode::BAD_REQUEST,
                     });
@@ -476,7 +486,7 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
             GatewayError::BadGateway(format!("backend '{}': {m}", backend.name))
         }
         BackendError::Rejected(m) => GatewayError::BadRequest(m),
-        BackendError::Broken(m) => GatewayError::Internal(m),
+        BackendError::Broken(m) => GatewayError::ModelFailed(m),
         BackendError::Status { status, message } => GatewayError::Backend { status, message },
     }
 }
