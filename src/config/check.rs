@@ -295,6 +295,7 @@ fn check_bounds(config: &Config) -> Vec<String> {
             ));
         }
     }
+    errors.extend(shared_listener_ports(&config.server));
     if config.server.worker_threads > MAX_WORKER_THREADS {
         errors.push(format!(
             "server.worker_threads must be at most {MAX_WORKER_THREADS}, not {}",
@@ -306,6 +307,30 @@ fn check_bounds(config: &Config) -> Vec<String> {
             "server.log_level '{}' is not a log filter: {why}; for example \"info\" or \"warn,tensorgate=debug\"",
             config.server.log_level
         ));
+    }
+    errors
+}
+
+/// Two listeners on one port (the same address, or one of them on every address) cannot
+/// both bind: said here, with both keys, rather than as an "address in use" at startup.
+/// Port 0 (any free port) never clashes.
+fn shared_listener_ports(server: &super::ServerConfig) -> Vec<String> {
+    let listeners = [
+        ("server.listen", Some(server.listen)),
+        ("server.metrics_listen", server.metrics_listen),
+        ("server.grpc_listen", server.grpc_listen),
+    ];
+    let mut errors = Vec::new();
+    for (i, (a_key, a)) in listeners.iter().enumerate() {
+        for (b_key, b) in &listeners[i + 1..] {
+            let (Some(a), Some(b)) = (a, b) else { continue };
+            let overlap = a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified();
+            if a.port() != 0 && a.port() == b.port() && overlap {
+                errors.push(format!(
+                    "{a_key} ({a}) and {b_key} ({b}) share a port: each listener needs its own"
+                ));
+            }
+        }
     }
     errors
 }
@@ -497,6 +522,30 @@ mod tests {
             .iter()
             .map(|e| e.to_string())
             .collect()
+    }
+
+    /// Listeners that would clash on one port are named together; port 0, distinct ports and
+    /// distinct specific addresses are fine.
+    #[test]
+    fn listeners_need_ports_of_their_own() {
+        let e = errors(
+            "[server]\nlisten = \"0.0.0.0:8000\"\nmetrics_listen = \"127.0.0.1:8000\"\ngrpc_listen = \"0.0.0.0:8000\"\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "server.listen (0.0.0.0:8000) and server.metrics_listen (127.0.0.1:8000) share a port: each listener needs its own",
+                "server.listen (0.0.0.0:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
+                "server.metrics_listen (127.0.0.1:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
+            ]
+        );
+        for fine in [
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:8000\"\nmetrics_listen = \"127.0.0.2:8000\"\ngrpc_listen = \"\"",
+            "listen = \"0.0.0.0:8000\"\nmetrics_listen = \"\"\ngrpc_listen = \"0.0.0.0:8001\"",
+        ] {
+            assert!(parse_and_check(&format!("[server]\n{fine}\n")).is_ok(), "{fine}");
+        }
     }
 
     /// Values that parse but could not work are refused, each naming its key and why.
