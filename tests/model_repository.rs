@@ -677,6 +677,27 @@ async fn a_runtime_failure_is_that_requests_500() {
     assert_eq!(r.status, 200);
 }
 
+/// A repository model named like one of the worker's built-in models is in the worker's
+/// index as UNAVAILABLE, with why, beside the built-in model that keeps the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_model_named_like_a_built_in_one_is_listed_unavailable() {
+    let repo = repository("onnx-collide");
+    copy_dir(&repo.path("mlp"), &repo.path("simple"));
+    let w = worker("w", &repo.0).await;
+    let client = http_client();
+    let index = index(&client, &w.url).await;
+    let simple: Vec<&Value> = index.iter().filter(|e| e["name"] == "simple").collect();
+    assert_eq!(simple.len(), 2, "{index:?}");
+    assert!(simple.iter().any(|e| e["state"] == "READY"), "{index:?}");
+    assert!(
+        simple.iter().any(|e| e["state"] == "UNAVAILABLE"
+            && e["reason"]
+                == "'simple' is the name of a built-in model; rename the repository's directory"),
+        "{index:?}"
+    );
+    assert_eq!(infer_simple(&client, &w.url, 1).await.status, 200);
+}
+
 /// A model's failure on one request is marked as such by the worker, and a gateway in front
 /// does not count it against the worker's health: one client's input cannot eject a fleet.
 /// The gateway answers it as a 500 that carries the mark on, and it is the only attempt.

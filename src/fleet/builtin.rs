@@ -114,7 +114,9 @@ impl BuiltinBackend {
         let loaded = tokio::task::spawn_blocking(move || repo.load(&owned))
             .await
             .map_err(|e| format!("loading model '{name}' failed: {e}"))?;
-        let serving = self.models.load().contains_key(name);
+        // A built-in model of the same name serves on, but it is not this one: the
+        // repository's model is unavailable, not a failed reload of a serving one.
+        let serving = self.models.load().contains_key(name) && !state.repo.is_reserved(name);
         match loaded.model {
             Some(model) => {
                 let mut models = (**self.models.load()).clone();

@@ -128,8 +128,15 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
     }
     for h in gw.fleet.backends().iter() {
         for u in &h.state.load().unavailable {
+            // Hidden when another backend serves it: the fleet has the model. Shown when the
+            // same backend serves the name and reports it unavailable too (a repository
+            // model named like one of the worker's built-in models, or a reload that failed
+            // while the old model serves on): that backend's operator has something to fix.
             let served = entries.iter().any(|e| {
-                e.name == u.name && e.ready() && (u.version.is_none() || e.version == u.version)
+                e.name == u.name
+                    && e.ready()
+                    && (u.version.is_none() || e.version == u.version)
+                    && !e.backends.contains(&h.name)
             });
             if !served {
                 entries.push(IndexEntry {

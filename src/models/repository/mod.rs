@@ -143,11 +143,16 @@ impl Repository {
         }
     }
 
+    /// Whether `name` is a built-in model's, which no repository model may take.
+    pub fn is_reserved(&self, name: &str) -> bool {
+        self.reserved.contains(name)
+    }
+
     fn try_load(&self, name: &str) -> Result<LoadedModel, String> {
         if !is_plain_name(name) {
             return Err(format!("'{name}' is not a model directory name"));
         }
-        if self.reserved.contains(name) {
+        if self.is_reserved(name) {
             return Err(format!(
                 "'{name}' is the name of a built-in model; rename the repository's directory"
             ));
