@@ -333,7 +333,7 @@ async fn load_reads_the_repository_again_and_unload_unloads() {
     assert_eq!(status, 400, "{body}");
     let error = body["error"].as_str().unwrap();
     assert!(
-        error.starts_with("load of model 'cnn' failed on 1 of 1 backends: builtin: version 1: "),
+        error.starts_with("load of model 'cnn' failed: version 1: "),
         "{error}"
     );
     assert_eq!(body["results"][0]["status"], "failed");
@@ -346,7 +346,7 @@ async fn load_reads_the_repository_again_and_unload_unloads() {
     assert_eq!(
         body["error"],
         format!(
-            "load of model 'nothing-here' failed on 1 of 1 backends: builtin: no model 'nothing-here' in the model repository {}",
+            "load of model 'nothing-here' failed: no model 'nothing-here' in the model repository {}",
             repo.0.display()
         )
     );
@@ -413,7 +413,7 @@ async fn load_and_unload_fan_out_through_a_gateway() {
     assert_eq!(
         body["error"],
         format!(
-            "load of model 'only-a' failed on 1 of 2 backends: wb: 400: load of model 'only-a' failed on 1 of 1 backends: builtin: no model 'only-a' in the model repository {}",
+            "load of model 'only-a' failed on 1 of 2 backends: wb: 400: load of model 'only-a' failed: no model 'only-a' in the model repository {}",
             repo_b.0.display()
         )
     );
@@ -983,7 +983,7 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
     assert_eq!(
         answer["error"],
         format!(
-            "load of model 'nosuch' failed on 1 of 1 backends: w: 400: load of model 'nosuch' failed on 1 of 1 backends: builtin: no model 'nosuch' in the model repository {}",
+            "load of model 'nosuch' failed on 1 of 1 backends: w: 400: load of model 'nosuch' failed: no model 'nosuch' in the model repository {}",
             repo.0.display()
         )
     );
@@ -1126,7 +1126,7 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
     assert_eq!(status, 400, "{answer}");
     assert_eq!(
         answer["error"],
-        "unload of model 'simple' failed on 1 of 1 backends: builtin: model 'simple' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
+        "unload of model 'simple' failed: model 'simple' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
     );
     let (status, answer) = post_json(
         &client,

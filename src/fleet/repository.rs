@@ -20,6 +20,8 @@ pub struct ControlOutcome {
     /// models' own check: no such model, a model that cannot load), not a failure of the
     /// backend or of the way to it.
     pub refused: bool,
+    /// The backend is this process's own models (a worker's, or `serve`'s in-process ones).
+    pub in_process: bool,
 }
 
 impl Fleet {
@@ -53,6 +55,7 @@ impl Fleet {
                     backend: h.name.clone(),
                     result,
                     refused,
+                    in_process: h.backend.in_process(),
                 }
             });
         let outcomes = futures_util::future::join_all(calls).await;

@@ -172,6 +172,17 @@ impl ControlReport {
         if failed.is_empty() {
             return None;
         }
+        // A worker, whose only backend is its own models: no fleet to count (a gateway in
+        // front counts and names the workers itself).
+        if let [only] = &self.outcomes[..] {
+            if only.in_process {
+                let why = only.result.as_ref().err()?;
+                return Some(format!(
+                    "{} of model '{model}' failed: {why}",
+                    action.as_str()
+                ));
+            }
+        }
         let each: Vec<String> = failed
             .iter()
             .map(|o| format!("{}: {}", o.backend, o.result.as_ref().unwrap_err()))
