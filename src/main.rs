@@ -68,7 +68,8 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = worker_threads)]
         worker_threads: Option<usize>,
     },
-    /// Run a standalone v2 REST server of the built-in models. A local fleet is several
+    /// Run a standalone v2 REST server of the built-in models and, with --model-repository,
+    /// of the ONNX models of a Triton-style model repository. A local fleet is several
     /// workers behind one `serve`.
     Worker {
         /// Address to listen on.
@@ -105,6 +106,7 @@ enum Command {
     /// every file it names (certificates, keys, tokens, labels) can be read from the
     /// current directory, as `serve` would read them.
     CheckConfig {
+        /// The TOML config file to check (config/tensorgate.toml documents every key).
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
