@@ -616,7 +616,11 @@ async fn concurrent_claims_share_one_round_trip() {
     let warm = store
         .claim(&table, "m", &SequenceId::Uint(1000), "http://a")
         .await;
-    assert_eq!(warm, None, "a free key is claimed for the chosen backend");
+    assert_eq!(
+        warm.as_deref(),
+        Some("http://a"),
+        "a free key is claimed for the chosen backend"
+    );
     let trips = || {
         metrics
             .pin_store_operations
@@ -644,10 +648,9 @@ async fn concurrent_claims_share_one_round_trip() {
         let SequenceId::Uint(n) = id else {
             unreachable!()
         };
+        // The holder: the one already stored, else the first claim's choice.
         let expected = if *n < 20 {
             Some("http://elsewhere")
-        } else if *chosen == "http://a" {
-            None
         } else {
             Some("http://a")
         };
@@ -735,6 +738,45 @@ async fn a_pin_changed_in_the_store_is_followed_after_the_renewal() {
     );
     assert_eq!(store_errors(&gw), 0);
     gw.shutdown().await;
+}
+
+/// A sequence id started again on another replica runs where the store pins it, if that
+/// replica can use the backend: a replica that cached the pin keeps sending the id's next
+/// requests there, so moving the new sequence elsewhere would leave them reaching the old
+/// sequence's state (a user saw sums of 1011 where 1100 was right).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_on_another_replica_keeps_the_stored_backend() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(3, &["accumulate"]).await;
+    let (two, three): (Vec<&Worker>, Vec<&Worker>) =
+        (workers.iter().take(2).collect(), workers.iter().collect());
+    let fleet = pins_toml("sequence_idle_timeout_ms = 60000", &redis.url());
+    // A knows two workers, B all three: B's hash sends some ids where A's cannot.
+    let a = start_gateway(gateway_config(&two, &fleet)).await;
+    let b = start_gateway(gateway_config(&three, &fleet)).await;
+    let (base_a, base_b) = (base(&a), base(&b));
+    let client = http_client();
+    for id in 1..=24u64 {
+        let first = accumulate(&client, &base_a, id, true, false, 1).await;
+        let pinned = first.backend.clone().expect("the backend is named");
+        let r = accumulate(&client, &base_a, id, false, false, 10).await;
+        assert_eq!(r.output_int("OUTPUT0"), Some(11), "{r:?}");
+        let restart = accumulate(&client, &base_b, id, true, false, 100).await;
+        assert_eq!(
+            (restart.output_int("OUTPUT0"), restart.backend.as_deref()),
+            (Some(100), Some(pinned.as_str())),
+            "sequence {id}: {restart:?}"
+        );
+        let next = accumulate(&client, &base_a, id, false, false, 1000).await;
+        assert_eq!(
+            (next.output_int("OUTPUT0"), next.backend.as_deref()),
+            (Some(1100), Some(pinned.as_str())),
+            "sequence {id}: {next:?}"
+        );
+    }
+    assert_eq!(store_errors(&a) + store_errors(&b), 0);
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 /// Counts the lookups of every name it answers for.

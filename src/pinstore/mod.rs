@@ -162,8 +162,10 @@ impl PinStore {
         let Some(id) = &opts.sequence_id else {
             return false;
         };
+        // A start always asks: it must run where the store pins the id, if anywhere, for
+        // the replicas whose cache sends the id there (see `Attempt`).
         if opts.sequence_start {
-            return false;
+            return true;
         }
         match pins.cached(model, id, self.ttl, self.refresh_every) {
             Cached::Absent | Cached::Stale => true,
@@ -175,9 +177,9 @@ impl PinStore {
         }
     }
 
-    /// Claims the sequence for `chosen`, the backend routing picked. Returns the backend that
-    /// the store holds instead, when another replica pinned the sequence first. Without an
-    /// answer from the store, `None`: the route stands.
+    /// Claims the sequence for `chosen`, the backend routing picked: returns the backend the
+    /// store holds, `chosen` if no replica had pinned it yet. Without an answer from the
+    /// store, `None`: the route stands.
     pub async fn claim(
         &self,
         pins: &PinTable,
@@ -188,11 +190,13 @@ impl PinStore {
         let key = self.redis.key(model, id);
         let holder = self.run(Op::Claim, self.redis.claim(key, chosen)).await?;
         pins.confirm(model, id, &holder);
-        (holder != chosen).then_some(holder)
+        Some(holder)
     }
 
-    /// After a backend served a request of a sequence: a start or a move is stored, an end
-    /// removes the pin. Other requests need nothing: their pin is in the store already.
+    /// After a backend served a request of a sequence: an end removes the pin, and a
+    /// sequence served where the store does not hold it (`moved`: a past owner served it, or
+    /// the store had no answer, or held a backend this request could not use) is stored.
+    /// Other requests need nothing: their pin is in the store already.
     pub async fn served(
         &self,
         pins: &PinTable,
@@ -205,7 +209,7 @@ impl PinStore {
         if opts.sequence_end {
             let key = self.redis.key(model, id);
             self.run(Op::Remove, self.redis.remove(&key)).await;
-        } else if (opts.sequence_start || moved)
+        } else if moved
             && self
                 .run(Op::Put, self.redis.put(&self.redis.key(model, id), backend))
                 .await

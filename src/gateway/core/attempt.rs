@@ -102,6 +102,8 @@ impl Attempt<'_> {
         let mut refusal: Option<GatewayError> = None;
         let store = gw.pin_store.as_ref().filter(|_| in_sequence);
         let mut must_claim = store.is_some_and(|s| s.before_route(&gw.router.pins, model, options));
+        // The backend the store holds for the sequence, as the claim found or left it.
+        let mut stored: Option<String> = None;
         // The catalog as this request sees it; newer after a catch-up.
         let mut entry = std::borrow::Cow::Borrowed(entry);
         loop {
@@ -116,18 +118,37 @@ impl Attempt<'_> {
             if let (Some(store), true) = (store, std::mem::take(&mut must_claim)) {
                 let id = options.sequence_id.as_ref().expect("in a sequence");
                 let pins = &gw.router.pins;
-                if let Some(holder) = store.claim(pins, model, id, &route.backend.key).await {
-                    // Another replica pinned the sequence first: its choice is the pin.
-                    pins.insert(model, id, &holder);
-                    if !entry.ready.iter().any(|h| h.key == holder) {
+                let holder = store.claim(pins, model, id, &route.backend.key).await;
+                if let Some(holder) = holder.as_ref().filter(|h| **h != route.backend.key) {
+                    if !entry.ready.iter().any(|h| h.key == *holder) {
                         // It may know a backend that this replica has yet to discover.
                         gw.catch_up().await;
                         if let Some(newer) = gw.fleet.catalog().get(model) {
                             entry = std::borrow::Cow::Owned(newer.clone());
                         }
                     }
-                    route = self.route(&entry, refused.as_deref())?;
+                    if !options.sequence_start {
+                        // Another replica pinned the sequence first: its choice is the pin.
+                        pins.insert(model, id, holder);
+                        route = self.route(&entry, refused.as_deref())?;
+                    } else if let Some(h) = entry
+                        .ready
+                        .iter()
+                        .find(|h| h.key == *holder && !h.health.is_ejected())
+                    {
+                        // A start of an id the store pins (an earlier sequence of that id,
+                        // or another replica's start): it resets the sequence wherever it
+                        // runs, so it runs where every replica's cached pin already sends
+                        // the id. Moving it would leave replicas that cached the old pin
+                        // sending its next requests to the old state.
+                        pins.insert(model, id, holder);
+                        route = crate::routing::Route {
+                            backend: h.clone(),
+                            fallbacks: Vec::new(),
+                        };
+                    }
                 }
+                stored = holder;
             }
             let backend = route.backend.clone();
             let outcome = match self.on(&backend, &labels, obs).await {
@@ -142,8 +163,22 @@ impl Attempt<'_> {
                     if let Some(store) = store {
                         let moved = moved_to.is_some();
                         let served = moved_to.unwrap_or(backend);
+                        // Served somewhere the store does not hold: a past owner, a start
+                        // whose stored backend this replica could not use, or a start the
+                        // store did not answer for.
+                        let elsewhere = match stored.as_deref() {
+                            Some(held) => held != served.key,
+                            // The store did not answer the start's claim: it is tried again.
+                            None => options.sequence_start,
+                        };
                         store
-                            .served(&gw.router.pins, model, options, &served.key, moved)
+                            .served(
+                                &gw.router.pins,
+                                model,
+                                options,
+                                &served.key,
+                                moved || elsewhere,
+                            )
                             .await;
                     }
                     return Ok(outcome);
