@@ -279,7 +279,7 @@ impl Metrics {
             pin_store_errors: counter(
                 &r,
                 "tensorgate_pin_store_errors_total",
-                "Pin store operations that failed or timed out, one per request or renewal concerned (claim, refresh, put, remove); each such request was routed by the hash table instead",
+                "Pin store operations that failed, timed out, or were skipped while the store backs off after a failure (1 s): one per request or renewal that went without the store (claim, refresh, put, remove); each such request was routed by the hash table instead",
                 &["op"],
             ),
             // Registered by `expose_pin_store` only when there is a shared store: a 0 on

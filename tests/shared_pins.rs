@@ -579,6 +579,45 @@ async fn tls_and_a_password_reach_redis() {
     );
 }
 
+/// Every request that goes without the store is counted, those in the second after a
+/// failure (when the store is not asked) too: the counter says how many sequences were
+/// routed by the hash alone.
+#[tokio::test(flavor = "current_thread")]
+async fn every_request_without_the_store_is_counted() {
+    use tensorgate::config::{PinStoreKind, PinsConfig};
+    use tensorgate::pinstore::PinStore;
+    use tensorgate::routing::pins::PinTable;
+
+    // A port with nothing listening: every connection is refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let idle = Duration::from_secs(60);
+    let metrics = tensorgate::metrics::Metrics::new(false);
+    let config = PinsConfig {
+        store: PinStoreKind::Redis,
+        url: Some(format!("redis://127.0.0.1:{port}")),
+        ..PinsConfig::default()
+    };
+    let store = PinStore::from_config(&config, idle, &metrics)
+        .unwrap()
+        .expect("a Redis store");
+    let table = PinTable::new(100, idle);
+    for id in 0..6u64 {
+        let answer = store
+            .claim(&table, "m", &SequenceId::Uint(id), "http://a")
+            .await;
+        assert_eq!(answer, None, "sequence {id}");
+    }
+    assert_eq!(
+        metrics.pin_store_errors.with_label_values(&["claim"]).get(),
+        6
+    );
+    assert_eq!(metrics.pin_store_up.get(), 0);
+}
+
 /// Claims that wait together go to Redis together: one script call answers 120 of them,
 /// each with its own key's holder. A key claimed twice in the batch gets the first claim's
 /// backend both times, and a key another replica holds keeps its holder.

@@ -260,16 +260,21 @@ impl PinStore {
         call: impl std::future::Future<Output = Result<T, E>>,
     ) -> Option<T> {
         let now = self.now_ms();
+        let m = &self.ops[op as usize];
         if now < self.skip_until.load(Ordering::Relaxed) {
+            // Counted all the same: the metric says how many requests went without the store.
+            m.errors.inc();
             return None;
         }
-        let m = &self.ops[op as usize];
         if let Some(calls) = &m.calls {
             calls.inc();
         }
         let error = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => {
-                self.up.set(1);
+                if self.up.get() == 0 {
+                    self.up.set(1);
+                    tracing::info!(url = %self.url, "the pin store answers again; sequences are shared through it");
+                }
                 return Some(v);
             }
             Ok(Err(e)) => e.to_string(),
