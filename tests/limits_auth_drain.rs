@@ -116,6 +116,24 @@ async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
         v["error"],
         "tensorgate is handling its limit of 1 concurrent requests (limits.max_concurrent_requests); retry later"
     );
+    // Counted against the model as Triton's REJECTED; a made-up model name opens no series.
+    let failures = |model: &str| {
+        gw.gateway
+            .metrics
+            .nv_failure
+            .with_label_values(&[model, "", "REJECTED"])
+            .get()
+    };
+    assert!(failures("simple") >= 1);
+    let made_up = client
+        .post(format!("http://{addr}/v2/models/no-such-model/infer"))
+        .body(SIMPLE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made_up.status(), 503);
+    let text = String::from_utf8(gw.gateway.metrics.render()).unwrap();
+    assert!(!text.contains("no-such-model"), "{text}");
     // Health is exempt from shedding.
     assert_eq!(
         client

@@ -109,10 +109,13 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
-    let obs = response
+    let mut obs = response
         .extensions_mut()
         .remove::<observe::Observation>()
         .unwrap_or_default();
+    if is_infer && obs.model.is_none() {
+        refused_by_a_layer(&gw, &method, &path, &mut obs);
+    }
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
     // one needs to know which backend was involved.
     if let Some(v) = obs
@@ -144,6 +147,23 @@ where
         obs.error.as_deref(),
     );
     response
+}
+
+/// An inference a layer answered before the handler saw it (shedding, auth): counted
+/// against its model, as a failure whose status says why (REJECTED), if the model is one the
+/// gateway serves; any other name the client made up opens no series.
+fn refused_by_a_layer(
+    gw: &Gateway,
+    method: &http::Method,
+    path: &str,
+    obs: &mut observe::Observation,
+) {
+    if let Ok(routes::Route::Infer { model, version }) = routes::route(method, path) {
+        if gw.fleet.catalog().get(&model).is_some() {
+            obs.model = Some(model);
+            obs.version = version;
+        }
+    }
 }
 
 async fn dispatch<B>(
