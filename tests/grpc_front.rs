@@ -1193,3 +1193,52 @@ async fn stalled_call(gw: &Running, grpc_timeout: Option<&str>) -> tonic::Status
     drop(tx);
     status
 }
+
+/// A request whose client goes away before the answer is still counted and logged: over
+/// REST as 499 and against its model as CANCELED (not as a timeout: no deadline passed),
+/// over gRPC as CANCELLED. Before, the transport dropped it with no trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_client_went_away_are_counted() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
+    let (gw, _) = start(config(&[("slow", slow.url.as_str())], "")).await;
+    wait_for_m(&gw).await;
+    let metrics = &gw.gateway.metrics;
+
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]});
+    let gave_up = impatient
+        .post(format!("http://{}/v2/models/m/infer", gw.addr))
+        .json(&body)
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gives up first");
+
+    let mut c = GrpcInferenceServiceClient::new(channel(gw.grpc_addr.unwrap()).await);
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), c.model_infer(m_request()));
+    assert!(cancelled.await.is_err(), "the client gives up first");
+
+    let counted = || {
+        metrics.requests.with_label_values(&["499"]).get() == 1
+            && metrics
+                .grpc_requests
+                .with_label_values(&["/inference.GRPCInferenceService/ModelInfer", "CANCELLED"])
+                .get()
+                == 1
+    };
+    assert!(
+        eventually(50, Duration::from_millis(100), || async { counted() }).await,
+        "the abandoned requests are counted"
+    );
+    assert_eq!(
+        metrics
+            .nv_failure
+            .with_label_values(&["m", "", "CANCELED"])
+            .get(),
+        1
+    );
+    assert_eq!(metrics.timeouts.with_label_values(&["m"]).get(), 0);
+    gw.shutdown().await;
+}

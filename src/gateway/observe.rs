@@ -303,6 +303,43 @@ fn reason(status: StatusCode) -> FailureReason {
     }
 }
 
+/// The status recorded for a request whose client went away before its answer (nginx's
+/// 499): nothing was sent, so no status was; Triton's reason for it is CANCELED.
+pub const CLIENT_CLOSED: StatusCode = match StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => panic!("499 is a valid status code"),
+};
+
+/// Runs `record` if it is dropped armed: a request whose future the transport dropped
+/// (its client went away) is recorded from here, since nothing after the await it was
+/// waiting on runs. Disarmed once the request has been recorded the usual way.
+pub struct Abandoned<F: FnOnce()> {
+    record: Option<F>,
+}
+
+impl<F: FnOnce()> Abandoned<F> {
+    pub fn new(record: F) -> Self {
+        Abandoned {
+            record: Some(record),
+        }
+    }
+
+    pub fn disarm(mut self) {
+        self.record = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for Abandoned<F> {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            record();
+        }
+    }
+}
+
+/// The access-log message of a request whose client went away.
+pub const WENT_AWAY: &str = "the client went away before the answer";
+
 /// Records a finished inference request in the metrics and statistics.
 pub fn record_infer(
     metrics: &Metrics,
@@ -352,7 +389,8 @@ fn record_series(
             .nv_failure
             .with_label_values(&[model, version, r.as_str()])
             .inc();
-        if r == FailureReason::Canceled {
+        // A deadline that passed; not a client that went away (it closed no deadline).
+        if r == FailureReason::Canceled && status != CLIENT_CLOSED {
             metrics.timeouts.with_label_values(&[model]).inc();
         }
     }

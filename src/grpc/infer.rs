@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
-use crate::gateway::observe::{access_log, record_infer, Observation, Phase};
+use crate::gateway::observe::{access_log, record_infer, Abandoned, Observation, Phase, WENT_AWAY};
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
@@ -124,6 +124,7 @@ pub(super) async fn call(
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
+    let abandoned = Abandoned::new(|| went_away(gw, start));
     let mut obs = Observation::new(Protocol::Grpc);
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
@@ -141,6 +142,7 @@ pub(super) async fn call(
         start,
         bytes_out,
     );
+    abandoned.disarm();
     let backend = obs
         .backend
         .as_deref()
@@ -254,6 +256,25 @@ fn finish(
         bytes_out,
         elapsed,
         error.map(GatewayError::message),
+    );
+}
+
+/// A ModelInfer whose client cancelled it or went away before the answer (the transport
+/// dropped its future): its access line and count, CANCELLED. The model is not known if
+/// the message was still being read, so no model's series counts it.
+fn went_away(gw: &Gateway, start: Instant) {
+    gw.metrics
+        .grpc_requests
+        .with_label_values(&[INFER_PATH, code_name(tonic::Code::Cancelled)])
+        .inc();
+    access_log(
+        "gRPC",
+        INFER_PATH,
+        &Observation::new(Protocol::Grpc),
+        tonic::Code::Cancelled as u32,
+        0,
+        start.elapsed(),
+        Some(WENT_AWAY),
     );
 }
 

@@ -95,6 +95,7 @@ where
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let is_infer = path.ends_with("/infer");
+    let abandoned = observe::Abandoned::new(|| went_away(&gw, &method, &path, is_infer, start));
     // One body type inside the stack, whatever the listener's.
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
     let handler = Dispatch(gw.clone());
@@ -146,12 +147,46 @@ where
         elapsed,
         obs.error.as_deref(),
     );
+    abandoned.disarm();
     response
 }
 
-/// An inference a layer answered before the handler saw it (shedding, auth): counted
-/// against its model, as a failure whose status says why (REJECTED), if the model is one the
-/// gateway serves; any other name the client made up opens no series.
+/// A request whose client went away before its answer (hyper dropped its future): its
+/// access line and counts, with nginx's 499, and against its model (if the gateway serves
+/// the one its path names) as Triton's CANCELED.
+fn went_away(gw: &Gateway, method: &http::Method, path: &str, is_infer: bool, start: Instant) {
+    let mut obs = observe::Observation::new(observe::Protocol::Rest);
+    let elapsed = start.elapsed();
+    gw.metrics
+        .requests
+        .with_label_values(&[observe::CLIENT_CLOSED.as_str()])
+        .inc();
+    if is_infer {
+        refused_by_a_layer(gw, method, path, &mut obs);
+        obs.failure = Some(crate::metrics::FailureReason::Canceled);
+        observe::record_infer(
+            &gw.metrics,
+            &gw.stats,
+            &obs,
+            observe::CLIENT_CLOSED,
+            elapsed,
+            0,
+        );
+    }
+    observe::access_log(
+        method.as_str(),
+        path,
+        &obs,
+        u32::from(observe::CLIENT_CLOSED.as_u16()),
+        0,
+        elapsed,
+        Some(observe::WENT_AWAY),
+    );
+}
+
+/// An inference a layer answered before the handler saw it (shedding, auth), or whose
+/// client went away: counted against the model its path names, if the gateway serves it;
+/// any other name the client made up opens no series.
 fn refused_by_a_layer(
     gw: &Gateway,
     method: &http::Method,
