@@ -98,7 +98,7 @@ async fn simple_infers_with_raw_and_typed_contents() {
     assert_status(
         c.model_infer(fanout).await,
         Code::ResourceExhausted,
-        "field 6 of the message repeats more than 4096 times",
+        "'outputs' (field 6) of the message repeats more than 4096 times",
     );
 
     gw.shutdown().await;

@@ -11,7 +11,7 @@ use tensorgate::protocol::Limits;
 
 fuzz_target!(|data: &[u8]| {
     // The look at the wire bytes the gRPC edge takes first never panics either.
-    let _ = check_fanout(data);
+    let _ = check_fanout(data, tensorgate::protocol::grpc::INFER_REQUEST_FIELDS);
     let limits = Limits { max_tensor_elements: 1 << 16, ..Limits::default() };
     let Ok(req) = decode_infer_request_bytes(Bytes::copy_from_slice(data), &limits) else { return };
     let again = decode_infer_request(encode_infer_request("m", "", &req), &limits)

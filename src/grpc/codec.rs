@@ -10,7 +10,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::protocol::grpc::check_fanout;
+use crate::protocol::grpc::{check_fanout, INFER_REQUEST_FIELDS};
 
 pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
 
@@ -47,7 +47,13 @@ impl<U: Message + Default> Decoder for GuardedDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The whole message is in one contiguous buffer by the time it is decoded.
-        check_fanout(buf.chunk()).map_err(|e| Status::resource_exhausted(e.message()))?;
+        // Named fields for the one message with many: ModelInfer's (streams included).
+        let names = if std::any::type_name::<U>().ends_with("::ModelInferRequest") {
+            INFER_REQUEST_FIELDS
+        } else {
+            &[]
+        };
+        check_fanout(buf.chunk(), names).map_err(|e| Status::resource_exhausted(e.message()))?;
         self.0.decode(buf)
     }
 

@@ -110,13 +110,17 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
-    let mut obs = response
-        .extensions_mut()
-        .remove::<observe::Observation>()
-        .unwrap_or_default();
-    if is_infer && obs.model.is_none() {
-        refused_by_a_layer(&gw, &method, &path, &mut obs);
-    }
+    // No observation: a layer answered before the handler ran.
+    let obs = match response.extensions_mut().remove::<observe::Observation>() {
+        Some(obs) => obs,
+        None => {
+            let mut obs = observe::Observation::default();
+            if is_infer {
+                refused_by_a_layer(&gw, &method, &path, &mut obs);
+            }
+            obs
+        }
+    };
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
     // one needs to know which backend was involved.
     if let Some(v) = obs
@@ -194,9 +198,10 @@ fn refused_by_a_layer(
     obs: &mut observe::Observation,
 ) {
     if let Ok(routes::Route::Infer { model, version }) = routes::route(method, path) {
-        if gw.fleet.catalog().get(&model).is_some() {
+        if let Some(entry) = gw.fleet.catalog().get(&model) {
+            // Only a version the model lists becomes a label value.
+            obs.version = version.filter(|v| entry.metadata.versions.contains(v));
             obs.model = Some(model);
-            obs.version = version;
         }
     }
 }

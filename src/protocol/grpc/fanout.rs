@@ -9,9 +9,19 @@ use super::super::error::{ProtocolError, Result};
 /// contents than any model has.
 pub const MAX_REPEATED: usize = 4096;
 
+/// A ModelInferRequest's repeated fields (a map is a repeated field on the wire), by number:
+/// the refusal names them.
+pub const INFER_REQUEST_FIELDS: &[(u64, &str)] = &[
+    (4, "parameters"),
+    (5, "inputs"),
+    (6, "outputs"),
+    (7, "raw_input_contents"),
+];
+
 /// Counts the top-level fields of a protobuf message. Malformed bytes are left for the
-/// decoder to word; only a field repeated more than `MAX_REPEATED` times is refused here.
-pub fn check_fanout(mut bytes: &[u8]) -> Result<()> {
+/// decoder to word; only a field repeated more than `MAX_REPEATED` times is refused here,
+/// by its name in `names` if it is there.
+pub fn check_fanout(mut bytes: &[u8], names: &[(u64, &str)]) -> Result<()> {
     let mut counts: Vec<(u64, usize)> = Vec::new();
     while !bytes.is_empty() {
         let Some(key) = varint(&mut bytes) else {
@@ -46,8 +56,12 @@ pub fn check_fanout(mut bytes: &[u8]) -> Result<()> {
             }
         };
         if count > MAX_REPEATED {
+            let which = match names.iter().find(|(n, _)| *n == field) {
+                Some((_, name)) => format!("'{name}' (field {field})"),
+                None => format!("field {field}"),
+            };
             return Err(ProtocolError::too_large(format!(
-                "field {field} of the message repeats more than {MAX_REPEATED} times"
+                "{which} of the message repeats more than {MAX_REPEATED} times"
             )));
         }
         // Distinct field numbers are few in a real message; many is itself a sign of abuse.
@@ -81,16 +95,24 @@ mod tests {
     fn repeated_fields_are_counted() {
         // Field 5, length 0, repeated.
         let ok: Vec<u8> = [0x2a, 0x00].repeat(MAX_REPEATED);
-        assert!(check_fanout(&ok).is_ok());
+        assert!(check_fanout(&ok, &[]).is_ok());
         let over: Vec<u8> = [0x2a, 0x00].repeat(MAX_REPEATED + 1);
         assert_eq!(
-            check_fanout(&over).unwrap_err().to_string(),
+            check_fanout(&over, &[]).unwrap_err().to_string(),
             "field 5 of the message repeats more than 4096 times"
         );
-        // Varints, fixed widths and a truncated tail are read past, not refused.
-        assert!(
-            check_fanout(&[0x08, 0x96, 0x01, 0x11, 0, 0, 0, 0, 0, 0, 0, 0, 0x2a, 0x05]).is_ok()
+        assert_eq!(
+            check_fanout(&over, INFER_REQUEST_FIELDS)
+                .unwrap_err()
+                .to_string(),
+            "'inputs' (field 5) of the message repeats more than 4096 times"
         );
-        assert!(check_fanout(&[0xff; 20]).is_ok());
+        // Varints, fixed widths and a truncated tail are read past, not refused.
+        assert!(check_fanout(
+            &[0x08, 0x96, 0x01, 0x11, 0, 0, 0, 0, 0, 0, 0, 0, 0x2a, 0x05],
+            &[]
+        )
+        .is_ok());
+        assert!(check_fanout(&[0xff; 20], &[]).is_ok());
     }
 }
