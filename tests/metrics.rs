@@ -768,3 +768,36 @@ async fn an_empty_metrics_listen_turns_the_listener_off() {
     assert_eq!(stats.status(), 200);
     gw.shutdown().await;
 }
+
+/// A sequence request that no backend accepts (a continuation of a sequence its backend
+/// does not know) leaves no pin: requests nothing accepts cannot fill the pin table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_sequence_request_leaves_no_pin() {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = None;
+    config.server.grpc_listen = None;
+    let gw = tensorgate::run::start(config, true).await.unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v2/models/accumulate/infer", gw.addr);
+    let body = |start: bool| {
+        json!({"parameters": {"sequence_id": 77, "sequence_start": start},
+               "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]})
+    };
+    let pins = || gw.gateway.router.pins.len();
+    for _ in 0..3 {
+        let r = client.post(&url).json(&body(false)).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(pins(), 0);
+    }
+    let r = client.post(&url).json(&body(true)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(pins(), 1);
+    // A refused request of a live sequence keeps its pin.
+    let bad = json!({"parameters": {"sequence_id": 77},
+                     "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1.0]}]});
+    let r = client.post(&url).json(&bad).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(pins(), 1);
+    gw.shutdown().await;
+}

@@ -123,6 +123,9 @@ pub struct Route<C> {
     /// cannot tell, so a backend that rejects the request as an unknown sequence (a 400,
     /// which changes no state) is followed by these, in order.
     pub fallbacks: Vec<Arc<C>>,
+    /// This request pinned the sequence (it had no pin here): a pin to forget if no backend
+    /// takes the request, so that requests nothing accepts do not fill the pin table.
+    pub pinned_now: bool,
 }
 
 pub struct Router {
@@ -149,6 +152,7 @@ impl Router {
             return Ok(Route {
                 backend,
                 fallbacks: Vec::new(),
+                pinned_now: false,
             });
         };
         if !opts.sequence_start {
@@ -160,6 +164,7 @@ impl Router {
                     Some(h) => Ok(Route {
                         backend: h.clone(),
                         fallbacks: Vec::new(),
+                        pinned_now: false,
                     }),
                     None => {
                         self.pins.remove(model, id);
@@ -204,6 +209,7 @@ impl Router {
         Ok(Route {
             backend: chosen,
             fallbacks,
+            pinned_now: !opts.sequence_end,
         })
     }
 

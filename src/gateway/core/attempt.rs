@@ -145,12 +145,14 @@ impl Attempt<'_> {
                         route = crate::routing::Route {
                             backend: h.clone(),
                             fallbacks: Vec::new(),
+                            pinned_now: true,
                         };
                     }
                 }
                 stored = holder;
             }
             let backend = route.backend.clone();
+            let pinned_now = route.pinned_now;
             let outcome = match self.on(&backend, &labels, obs).await {
                 Err(f) if f.rejected && !route.fallbacks.is_empty() => {
                     self.fall_back(route, f, &labels, obs).await
@@ -210,6 +212,11 @@ impl Attempt<'_> {
                     &backend.key,
                     "is unavailable; the sequence's state is lost",
                 ));
+            }
+            if failure.rejected && pinned_now {
+                // Refused (a continuation its backend does not know, a bad start): the pin
+                // this request made holds nothing.
+                gw.router.unpin(model, options);
             }
             return Err(failure.error);
         }
