@@ -65,8 +65,6 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen on {addr} for {what}: {e}"))
 }
 
-/// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
-/// Returns once the listeners are bound and the first discovery round is done.
 /// What the process itself needs before any thread starts: a process that runs repository
 /// models keeps their runs' memory between runs (`models::onnx::keep_run_memory`).
 pub fn prepare_process(config: &Config) {
@@ -78,6 +76,8 @@ pub fn prepare_process(config: &Config) {
     let _ = config;
 }
 
+/// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
+/// Returns once the listeners are bound and the first discovery round is done.
 pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String> {
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver::new()?);
     start_with_resolver(config, with_metrics, resolver).await

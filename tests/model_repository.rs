@@ -735,14 +735,7 @@ async fn a_models_failure_does_not_eject_its_worker() {
             "backend 'w': model 'gather' failed: the runtime panicked: index out of bounds: the len is 4 but the index is 10"
         );
     }
-    let metrics = client
-        .get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&gw).await;
     assert!(
         metrics.contains("tensorgate_backend_ejected{backend=\"w\"} 0"),
         "{metrics}"

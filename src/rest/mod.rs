@@ -116,7 +116,7 @@ where
         None => {
             let mut obs = observe::Observation::default();
             if is_infer {
-                refused_by_a_layer(&gw, &method, &path, &mut obs);
+                model_of_path(&gw, &method, &path, &mut obs);
             }
             obs
         }
@@ -166,7 +166,7 @@ fn went_away(gw: &Gateway, method: &http::Method, path: &str, is_infer: bool, st
         .with_label_values(&[observe::CLIENT_CLOSED.as_str()])
         .inc();
     if is_infer {
-        refused_by_a_layer(gw, method, path, &mut obs);
+        model_of_path(gw, method, path, &mut obs);
         obs.failure = Some(crate::metrics::FailureReason::Canceled);
         observe::record_infer(
             &gw.metrics,
@@ -188,15 +188,10 @@ fn went_away(gw: &Gateway, method: &http::Method, path: &str, is_infer: bool, st
     );
 }
 
-/// An inference a layer answered before the handler saw it (shedding, auth), or whose
-/// client went away: counted against the model its path names, if the gateway serves it;
-/// any other name the client made up opens no series.
-fn refused_by_a_layer(
-    gw: &Gateway,
-    method: &http::Method,
-    path: &str,
-    obs: &mut observe::Observation,
-) {
+/// The model (and version) an inference's path names, for one the handler did not observe
+/// (a layer answered it, or its client went away): set only for a model the gateway serves
+/// and a version it lists, so that a name the client made up opens no series.
+fn model_of_path(gw: &Gateway, method: &http::Method, path: &str, obs: &mut observe::Observation) {
     if let Ok(routes::Route::Infer { model, version }) = routes::route(method, path) {
         if let Some(entry) = gw.fleet.catalog().get(&model) {
             // Only a version the model lists becomes a label value.

@@ -233,13 +233,13 @@ impl Attempt<'_> {
         // its pin or its hash owner over every backend of the model; and when none lists it,
         // every backend may answer for itself.
         if let (Some(version), None) = (self.version, &options.sequence_id) {
-            let serving: Vec<_> = entry
-                .ready
-                .iter()
-                .filter(|h| h.lists_version(self.model, version) != Some(false))
-                .cloned()
-                .collect();
-            if !serving.is_empty() && serving.len() < entry.ready.len() {
+            let lacks = |h: &BackendHandle| h.lists_version(self.model, version) == Some(false);
+            // The usual case, every backend listing the version, allocates nothing.
+            if !entry.ready.iter().any(|h| lacks(h)) {
+                return router.route(entry.choices(), self.model, options, refused);
+            }
+            let serving: Vec<_> = entry.ready.iter().filter(|h| !lacks(h)).cloned().collect();
+            if !serving.is_empty() {
                 let choices = crate::routing::Choices {
                     ready: &serving,
                     ..entry.choices()
@@ -404,14 +404,8 @@ impl Attempt<'_> {
                         backend.health.record_success();
                     }
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
-                    let error = backend_status_error(backend, status, &bytes);
                     return Err(Failure {
-                        error: match error {
-                            GatewayError::Backend { message, .. } if model_failed => {
-                                GatewayError::ModelFailed(message)
-                            }
-                            other => other,
-                        },
+                        error: backend_status_error(backend, status, &bytes, model_failed),
                         retry: Retry::Never,
                         rejected: status == StatusCode::BAD_REQUEST,
                     });
@@ -535,14 +529,21 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
 
 /// A backend's 4xx is the client's error and goes back as it came; a 5xx is the backend's
 /// fault and says which backend.
-fn backend_status_error(backend: &BackendHandle, status: StatusCode, body: &Bytes) -> GatewayError {
+/// `model_failed`: a tensorgate worker marked the 5xx as a model's failure on the request.
+fn backend_status_error(
+    backend: &BackendHandle,
+    status: StatusCode,
+    body: &Bytes,
+    model_failed: bool,
+) -> GatewayError {
     let message = error_message(body);
     if status.is_client_error() {
-        GatewayError::Backend { status, message }
+        return GatewayError::Backend { status, message };
+    }
+    let message = format!("backend '{}': {message}", backend.name);
+    if model_failed {
+        GatewayError::ModelFailed(message)
     } else {
-        GatewayError::Backend {
-            status,
-            message: format!("backend '{}': {message}", backend.name),
-        }
+        GatewayError::Backend { status, message }
     }
 }

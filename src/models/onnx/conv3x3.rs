@@ -29,7 +29,7 @@ const CHANNELS: usize = 4;
 /// Taps of the kernel.
 const TAPS: usize = 9;
 /// Input channels at most, and the row width from which tract's own direct convolution
-/// takes over: beyond either, tract was as fast or faster in `speed::against_tract` (64
+/// takes over: beyond either, tract was as fast or faster in `tests::speed_against_tract` (64
 /// channels on 56×56 rows: 1.10 × tract's time; 3 channels on 224×224: 2.6 ×), and the op
 /// leaves the convolution to tract.
 const MAX_INPUT_CHANNELS: usize = 32;
@@ -600,20 +600,80 @@ mod tests {
 
     /// How many convolutions `replace_convs` takes from a model of one 3×3 convolution (two
     /// outputs, padding 1) over `input`, changed by `change`.
-    fn replaced(input: TypedFact, change: impl Fn(&mut Conv)) -> usize {
+    /// A model of one 3×3 convolution (`o` outputs, zero weights, padding 1) over `input`,
+    /// changed by `change`.
+    fn one_conv(input: TypedFact, o: usize, change: impl Fn(&mut Conv)) -> TypedModel {
         let c = input.shape[1].to_i64().unwrap() as usize;
-        let mut conv = conv_op(spec(c, 2, [1; 4]));
+        let mut conv = conv_op(spec(c, o, [1; 4]));
         change(&mut conv);
         let per_group = c / conv.group;
         let mut model = TypedModel::default();
         let x = model.add_source("x", input).unwrap();
         let k = model
-            .add_const("k", Tensor::zero::<f32>(&[2, per_group, 3, 3]).unwrap())
+            .add_const("k", Tensor::zero::<f32>(&[o, per_group, 3, 3]).unwrap())
             .unwrap();
-        let b = model.add_const("b", tensor1(&[0f32, 1.0])).unwrap();
+        let b = model
+            .add_const("b", Tensor::zero::<f32>(&[o]).unwrap())
+            .unwrap();
         let y = model.wire_node("conv", conv, &[x, k, b]).unwrap()[0];
         model.select_output_outlets(&[y]).unwrap();
-        replace_convs(&mut model).unwrap()
+        model
+    }
+
+    /// How many convolutions `replace_convs` takes from `one_conv` over `input`.
+    fn replaced(input: TypedFact, change: impl Fn(&mut Conv)) -> usize {
+        replace_convs(&mut one_conv(input, 2, change)).unwrap()
+    }
+
+    /// `cargo test --release --lib conv3x3 -- --ignored --nocapture`: tract's plan of one
+    /// convolution against this op's, per shape; the limits above come from it.
+    #[test]
+    #[ignore]
+    fn speed_against_tract() {
+        for (n, c, o, hw) in [
+            (1, 1, 8, 28),
+            (8, 1, 8, 28),
+            (1, 8, 16, 14),
+            (8, 8, 16, 14),
+            (1, 16, 64, 55),
+            (1, 32, 32, 56),
+            (1, 64, 64, 56),
+            (1, 64, 128, 112),
+            (1, 3, 64, 224),
+            (1, 64, 64, 28),
+            (1, 32, 32, 28),
+        ] {
+            let mut times = Vec::new();
+            for ours in [false, true] {
+                let mut model = one_conv(f32::fact([n, c, hw, hw]), o, |_| ());
+                if ours {
+                    // Past the limits above, this op's kernel is timed all the same.
+                    let node = model.node(model.output_outlets().unwrap()[0].node);
+                    let conv = node.op_as::<Conv>().unwrap().clone();
+                    let kernel = Tensor::zero::<f32>(&[o, c, 3, 3]).unwrap();
+                    let op = NchwOp(Conv3x3::pack(&conv, &kernel, &tensor0(0f32)).unwrap());
+                    let patch =
+                        TypedModelPatch::replace_single_op(&model, node, &node.inputs[..1], op)
+                            .unwrap();
+                    patch.apply(&mut model).unwrap();
+                }
+                let plan = model.into_optimized().unwrap().into_runnable().unwrap();
+                let input = Tensor::zero::<f32>(&[n, c, hw, hw]).unwrap().into_tvalue();
+                let runs = (20_000_000 / (n * c * o * hw * hw * 9)).clamp(3, 20_000);
+                plan.run(tvec!(input.clone())).unwrap();
+                let start = std::time::Instant::now();
+                for _ in 0..runs {
+                    plan.run(tvec!(input.clone())).unwrap();
+                }
+                times.push(start.elapsed().as_secs_f64() * 1e6 / runs as f64);
+            }
+            println!(
+                "n={n} c={c} o={o} {hw}x{hw}: tract {:.1} us, ours {:.1} us, ours/tract {:.2}",
+                times[0],
+                times[1],
+                times[1] / times[0]
+            );
+        }
     }
 
     /// Rows as wide as tract's own direct convolution takes, or of a width known only at run
@@ -711,100 +771,5 @@ mod tests {
                 "too_many_channels Conv",
             ]
         );
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use std::time::Instant;
-
-    use super::tests_support::*;
-    use super::*;
-
-    /// `cargo test --release --lib conv3x3::speed -- --ignored --nocapture`: tract's plan of
-    /// one convolution against this op's, per shape.
-    #[test]
-    #[ignore]
-    fn against_tract() {
-        for (n, c, o, hw) in [
-            (1, 1, 8, 28),
-            (8, 1, 8, 28),
-            (1, 8, 16, 14),
-            (8, 8, 16, 14),
-            (1, 16, 64, 55),
-            (1, 32, 32, 56),
-            (1, 64, 64, 56),
-            (1, 64, 128, 112),
-            (1, 3, 64, 224),
-            (1, 64, 64, 28),
-            (1, 32, 32, 28),
-        ] {
-            let mut times = Vec::new();
-            for ours in [false, true] {
-                let mut model = one_conv(n, c, o, hw);
-                if ours {
-                    // Past the limits above, this op's kernel is timed all the same.
-                    let node = model.node(model.output_outlets().unwrap()[0].node);
-                    let conv = node.op_as::<Conv>().unwrap().clone();
-                    let kernel = Tensor::zero::<f32>(&[o, c, 3, 3]).unwrap();
-                    let op = NchwOp(Conv3x3::pack(&conv, &kernel, &tensor0(0f32)).unwrap());
-                    let patch =
-                        TypedModelPatch::replace_single_op(&model, node, &node.inputs[..1], op)
-                            .unwrap();
-                    patch.apply(&mut model).unwrap();
-                }
-                let plan = model.into_optimized().unwrap().into_runnable().unwrap();
-                let input = Tensor::zero::<f32>(&[n, c, hw, hw]).unwrap().into_tvalue();
-                let runs = (20_000_000 / (n * c * o * hw * hw * 9)).clamp(3, 20_000);
-                plan.run(tvec!(input.clone())).unwrap();
-                let start = Instant::now();
-                for _ in 0..runs {
-                    plan.run(tvec!(input.clone())).unwrap();
-                }
-                times.push(start.elapsed().as_secs_f64() * 1e6 / runs as f64);
-            }
-            println!(
-                "n={n} c={c} o={o} {hw}x{hw}: tract {:.1} us, ours {:.1} us, ours/tract {:.2}",
-                times[0],
-                times[1],
-                times[1] / times[0]
-            );
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests_support {
-    use super::*;
-    use tract_onnx::tract_core::ops::cnn::PaddingSpec;
-
-    /// A model of one 3×3 convolution, padding 1, over `[n, c, hw, hw]`.
-    pub fn one_conv(n: usize, c: usize, o: usize, hw: usize) -> TypedModel {
-        let mut model = TypedModel::default();
-        let x = model.add_source("x", f32::fact([n, c, hw, hw])).unwrap();
-        let k = model
-            .add_const("k", Tensor::zero::<f32>(&[o, c, 3, 3]).unwrap())
-            .unwrap();
-        let b = model
-            .add_const("b", Tensor::zero::<f32>(&[o]).unwrap())
-            .unwrap();
-        let spec = PoolSpec {
-            data_format: DataFormat::NCHW,
-            kernel_shape: tvec![3, 3],
-            padding: PaddingSpec::Explicit(tvec![1, 1], tvec![1, 1]),
-            dilations: None,
-            strides: None,
-            input_channels: c,
-            output_channels: o,
-        };
-        let conv = Conv {
-            pool_spec: spec,
-            kernel_fmt: KernelFormat::OIHW,
-            group: 1,
-            q_params: None,
-        };
-        let y = model.wire_node("conv", conv, &[x, k, b]).unwrap()[0];
-        model.select_output_outlets(&[y]).unwrap();
-        model
     }
 }

@@ -287,8 +287,7 @@ fn tensors_of(model: &TypedModel, outlets: &[OutletId]) -> Result<Vec<TensorMeta
         .collect()
 }
 
-/// The metadata of one side: the graph's, or config.pbtxt's where it lists tensors (they must
-/// exist in the graph with the same datatype; with batching the shape is [-1] + dims).
+/// Why a batch limit cannot apply: the graph fixes the first dimension of `g`.
 fn fixed_first_dimension(role: &str, g: &TensorMetadata, max_batch_size: u32) -> String {
     format!(
         "{role} '{}': config.pbtxt sets max_batch_size {max_batch_size}, but the model's first dimension is fixed at {}; set max_batch_size: 0 and give the full dims",
@@ -296,6 +295,8 @@ fn fixed_first_dimension(role: &str, g: &TensorMetadata, max_batch_size: u32) ->
     )
 }
 
+/// The metadata of one side: the graph's, or config.pbtxt's where it lists tensors (they must
+/// exist in the graph with the same datatype; with batching the shape is [-1] + dims).
 fn merge(
     graph: &[TensorMetadata],
     config: &[TensorMetadata],

@@ -273,7 +273,10 @@ fn agree_with_latest(versions: &mut BTreeMap<i64, Arc<dyn Model>>, entries: &mut
 fn describe(tensors: &[TensorMetadata]) -> String {
     let each: Vec<String> = tensors
         .iter()
-        .map(|t| format!("{} {} {:?}", t.name, t.datatype, t.shape).replace(", ", ","))
+        .map(|t| {
+            let shape = crate::protocol::tensor::format_shape(&t.shape);
+            format!("{} {} {shape}", t.name, t.datatype)
+        })
         .collect();
     format!("[{}]", each.join(", "))
 }
