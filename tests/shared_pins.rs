@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common_fleet::*;
 use common_grpc::{accumulate_grpc, connect, int64};
+use tensorgate::pinstore::Claimed;
 use tensorgate::protocol::SequenceId;
 use tensorgate::run::Running;
 
@@ -483,6 +484,53 @@ async fn pins_expire_after_the_idle_timeout_and_end_with_the_sequence() {
     gw.shutdown().await;
 }
 
+/// A sequence request that no backend takes leaves no key that its own claim created (a
+/// client sending ids nothing accepts must not fill Redis for an idle timeout), and removes
+/// none that another replica stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_sequence_request_leaves_no_key() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let gw = start_gateway(gateway_config(&all, &pins_toml("", &redis.url()))).await;
+    let b = base(&gw);
+    let client = http_client();
+    let refusal = |id: u64| {
+        format!(
+            "inference request for sequence {id} to model 'accumulate' must specify the START flag on the first request of the sequence"
+        )
+    };
+
+    for id in [41, 42, 43] {
+        let r = accumulate(&client, &b, id, false, false, 1).await;
+        assert_eq!((r.status, r.error()), (400, Some(refusal(id).as_str())));
+    }
+    assert_eq!(redis.keys(), Vec::<String>::new());
+    assert!(gw.gateway.router.pins.is_empty());
+
+    // Another replica's claim for a sequence this backend does not know: refused, and kept.
+    let key = format!("{PREFIX}accumulate:u:44");
+    let mut c = redis.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&workers[0].url)
+        .query(&mut c)
+        .unwrap();
+    let r = accumulate(&client, &b, 44, false, false, 1).await;
+    assert_eq!(
+        (r.status, r.backend.as_deref()),
+        (400, Some(workers[0].name.as_str()))
+    );
+    assert_eq!(redis.get(&key).as_deref(), Some(workers[0].url.as_str()));
+
+    // A start is stored.
+    let r = accumulate(&client, &b, 45, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(redis.get(&format!("{PREFIX}accumulate:u:45")).is_some());
+    assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
+
 /// A Redis that accepts connections and never answers: every operation times out, and
 /// every request is still served, by the hash table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,8 +704,11 @@ async fn concurrent_claims_share_one_round_trip() {
         .claim(&table, "m", &SequenceId::Uint(1000), "http://a")
         .await;
     assert_eq!(
-        warm.as_deref(),
-        Some("http://a"),
+        warm,
+        Some(Claimed {
+            holder: "http://a".into(),
+            created: true
+        }),
         "a free key is claimed for the chosen backend"
     );
     let trips = || {
@@ -687,22 +738,22 @@ async fn concurrent_claims_share_one_round_trip() {
         let SequenceId::Uint(n) = id else {
             unreachable!()
         };
-        // The holder: the one already stored, else the first claim's choice.
-        let expected = if *n < 20 {
-            Some("http://elsewhere")
-        } else {
-            Some("http://a")
-        };
-        assert_eq!(
-            answer.as_deref(),
-            expected,
-            "sequence {n} claimed for {chosen}"
-        );
+        // The holder: the one already stored, else the first claim's choice, which only
+        // the first claim created.
         let holder = if *n < 20 {
             "http://elsewhere"
         } else {
             "http://a"
         };
+        let expected = Claimed {
+            holder: holder.into(),
+            created: *n >= 20 && *chosen == "http://a",
+        };
+        assert_eq!(
+            answer.as_ref(),
+            Some(&expected),
+            "sequence {n} claimed for {chosen}"
+        );
         let key = tensorgate::pinstore::pin_key(PREFIX, "m", id);
         assert_eq!(redis.get(&key).as_deref(), Some(holder));
         assert!(

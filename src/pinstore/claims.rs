@@ -16,23 +16,33 @@ use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 
 /// Get-or-claim for every key: the holder of KEYS[i] if there is one (its TTL renewed,
-/// since a request uses it), else ARGV[i + 1], stored with the TTL ARGV[1]. Redis runs a
-/// script atomically, so two replicas that claim at once agree on the first, and a key that
-/// appears twice in a batch gets the first claim's answer both times.
+/// since a request uses it), else false (a nil reply) after storing ARGV[i + 1] with the TTL
+/// ARGV[1]. Redis runs a script atomically, so two replicas that claim at once agree on the
+/// first, and a key that appears twice in a batch gets the first claim's backend both times
+/// (the second as a holder).
 const CLAIM_ALL: &str = r"
 local holders = {}
 for i, key in ipairs(KEYS) do
   local holder = redis.call('GET', key)
   if holder then
     redis.call('PEXPIRE', key, ARGV[1])
+    holders[i] = holder
   else
-    holder = ARGV[i + 1]
-    redis.call('SET', key, holder, 'PX', ARGV[1])
+    redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
+    holders[i] = false
   end
-  holders[i] = holder
 end
 return holders
 ";
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The backend the store holds for the sequence.
+    pub holder: String,
+    /// This claim stored it: no replica had claimed the sequence before.
+    pub created: bool,
+}
 
 /// Claims per script call at most: keeps one call's time inside Redis short for the other
 /// clients it serves.
@@ -45,7 +55,7 @@ const QUEUE: usize = 4096;
 struct Claim {
     key: String,
     backend: String,
-    reply: oneshot::Sender<Result<String, String>>,
+    reply: oneshot::Sender<Result<Claimed, String>>,
 }
 
 pub struct Claims {
@@ -67,7 +77,7 @@ impl Claims {
     }
 
     /// The sequence's backend: the one already stored, or `backend`, stored now.
-    pub async fn claim(&self, key: String, backend: String) -> Result<String, String> {
+    pub async fn claim(&self, key: String, backend: String) -> Result<Claimed, String> {
         let (reply, answer) = oneshot::channel();
         self.queue()
             .try_send(Claim {
@@ -121,11 +131,11 @@ async fn run(
             call.key(&claim.key).arg(&claim.backend);
         }
         round_trips.inc();
-        let answer: Result<Vec<String>, String> = call
+        let answer: Result<Vec<Option<String>>, String> = call
             .invoke_async(&mut conn)
             .await
             .map_err(|e| e.to_string())
-            .and_then(|holders: Vec<String>| {
+            .and_then(|holders: Vec<Option<String>>| {
                 if holders.len() == batch.len() {
                     Ok(holders)
                 } else {
@@ -139,7 +149,17 @@ async fn run(
         match answer {
             Ok(holders) => {
                 for (claim, holder) in batch.drain(..).zip(holders) {
-                    let _ = claim.reply.send(Ok(holder));
+                    let claimed = match holder {
+                        Some(holder) => Claimed {
+                            holder,
+                            created: false,
+                        },
+                        None => Claimed {
+                            holder: claim.backend,
+                            created: true,
+                        },
+                    };
+                    let _ = claim.reply.send(Ok(claimed));
                 }
             }
             Err(error) => {

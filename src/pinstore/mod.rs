@@ -29,6 +29,7 @@ use crate::config::{PinStoreKind, PinsConfig};
 use crate::metrics::Metrics;
 use crate::protocol::{RequestOptions, SequenceId};
 use crate::routing::pins::{Cached, PinTable};
+pub use claims::Claimed;
 pub use redis_pins::pin_key;
 
 /// After a failure the store is not asked again for this long: requests meanwhile do not
@@ -178,19 +179,19 @@ impl PinStore {
     }
 
     /// Claims the sequence for `chosen`, the backend routing picked: returns the backend the
-    /// store holds, `chosen` if no replica had pinned it yet. Without an answer from the
-    /// store, `None`: the route stands.
+    /// store holds, `chosen` (created) if no replica had pinned it yet. Without an answer from
+    /// the store, `None`: the route stands.
     pub async fn claim(
         &self,
         pins: &PinTable,
         model: &str,
         id: &SequenceId,
         chosen: &str,
-    ) -> Option<String> {
+    ) -> Option<Claimed> {
         let key = self.redis.key(model, id);
-        let holder = self.run(Op::Claim, self.redis.claim(key, chosen)).await?;
-        pins.confirm(model, id, &holder);
-        Some(holder)
+        let claimed = self.run(Op::Claim, self.redis.claim(key, chosen)).await?;
+        pins.confirm(model, id, &claimed.holder);
+        Some(claimed)
     }
 
     /// After a backend served a request of a sequence: an end removes the pin, and a
@@ -219,7 +220,8 @@ impl PinStore {
         }
     }
 
-    /// Forgets a claim for a sequence that no backend knew.
+    /// Forgets the claim a request created for a sequence that no backend took, so that
+    /// requests nothing accepts leave no keys behind.
     pub async fn forget(&self, model: &str, id: &SequenceId) {
         let key = self.redis.key(model, id);
         self.run(Op::Remove, self.redis.remove(&key)).await;
@@ -233,7 +235,7 @@ impl PinStore {
         let model = model.to_string();
         tokio::spawn(async move {
             let key = store.redis.key(&model, &id);
-            let Some(holder) = store
+            let Some(Claimed { holder, .. }) = store
                 .run(Op::Refresh, store.redis.claim(key, &backend))
                 .await
             else {

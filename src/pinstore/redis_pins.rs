@@ -11,7 +11,7 @@ use crate::config::redis_url::redact;
 
 use crate::protocol::SequenceId;
 
-use super::claims::Claims;
+use super::claims::{Claimed, Claims};
 
 pub struct RedisPins {
     /// For the startup probe, which opens a connection of its own.
@@ -92,7 +92,7 @@ impl RedisPins {
 
     /// The sequence's backend: the one already stored (its TTL renewed), or `backend`,
     /// stored now. Batched with the claims of other requests (see `claims`).
-    pub async fn claim(&self, key: String, backend: &str) -> Result<String, String> {
+    pub async fn claim(&self, key: String, backend: &str) -> Result<Claimed, String> {
         self.claims.claim(key, backend.to_string()).await
     }
 

@@ -102,8 +102,10 @@ impl Attempt<'_> {
         let mut refusal: Option<GatewayError> = None;
         let store = gw.pin_store.as_ref().filter(|_| in_sequence);
         let mut must_claim = store.is_some_and(|s| s.before_route(&gw.router.pins, model, options));
-        // The backend the store holds for the sequence, as the claim found or left it.
+        // The backend the store holds for the sequence, as the claim found or left it, and
+        // whether this request's claim stored it.
         let mut stored: Option<String> = None;
+        let mut created = false;
         // The catalog as this request sees it; newer after a catch-up.
         let mut entry = std::borrow::Cow::Borrowed(entry);
         loop {
@@ -118,7 +120,9 @@ impl Attempt<'_> {
             if let (Some(store), true) = (store, std::mem::take(&mut must_claim)) {
                 let id = options.sequence_id.as_ref().expect("in a sequence");
                 let pins = &gw.router.pins;
-                let holder = store.claim(pins, model, id, &route.backend.key).await;
+                let claimed = store.claim(pins, model, id, &route.backend.key).await;
+                created = claimed.as_ref().is_some_and(|c| c.created);
+                let holder = claimed.map(|c| c.holder);
                 if let Some(holder) = holder.as_ref().filter(|h| **h != route.backend.key) {
                     if !entry.ready.iter().any(|h| h.key == *holder) {
                         // It may know a backend that this replica has yet to discover.
@@ -213,10 +217,16 @@ impl Attempt<'_> {
                     "is unavailable; the sequence's state is lost",
                 ));
             }
-            if failure.rejected && pinned_now {
-                // Refused (a continuation its backend does not know, a bad start): the pin
-                // this request made holds nothing.
-                gw.router.unpin(model, options);
+            if failure.rejected {
+                // Refused (a continuation no backend knows, a bad start): the pins this
+                // request made hold nothing. A client sending ids nothing accepts must not
+                // fill the pin table, nor Redis for an idle timeout.
+                if pinned_now {
+                    gw.router.unpin(model, options);
+                }
+                if let (Some(store), true, Some(id)) = (store, created, &options.sequence_id) {
+                    store.forget(model, id).await;
+                }
             }
             return Err(failure.error);
         }
@@ -292,10 +302,7 @@ impl Attempt<'_> {
                 Err(f) => return Err(f),
             }
         }
-        router.unpin(self.model, &self.req.options);
-        if let (Some(store), Some(id)) = (&self.gw.pin_store, &self.req.options.sequence_id) {
-            store.forget(self.model, id).await;
-        }
+        // The caller forgets the pins this request made.
         obs.backend = Some(route.backend.name.clone());
         Err(first)
     }
