@@ -156,7 +156,9 @@ fn describe_json_error(
                         .get("name")?
                         .as_str()
                         .map(String::from)
-                });
+                })
+                // A document that does not parse may still name the tensor before its fault.
+                .or_else(|| super::fast_request::tensor_name(json, list, idx));
             let who = match name {
                 Some(n) => format!("{role} '{n}'"),
                 None => format!("{role} {idx}"),
@@ -646,7 +648,7 @@ mod tests {
         assert_eq!(err(" 7"), "the request must be a JSON object, not a number");
         let truncated = err(r#"{"inputs":[{"name":"INPUT0","#);
         assert!(
-            truncated.starts_with("input 0: EOF while parsing a value"),
+            truncated.starts_with("input 'INPUT0': EOF while parsing a value"),
             "{truncated}"
         );
         let binary_without_header = err(&format!(
@@ -1027,7 +1029,7 @@ mod tests {
         // A request keeps refusing them.
         assert_eq!(
             err(&input(r#""datatype":"FP32","shape":[1],"data":[NaN]"#)),
-            "input 0: field 'data': expected value at line 1 column 62 (write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
+            "input 'X': field 'data': expected value at line 1 column 62 (write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
         );
     }
 

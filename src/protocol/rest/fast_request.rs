@@ -232,6 +232,35 @@ pub(crate) fn parse_request<'a>(json: &'a [u8], limits: &Limits) -> Option<WireR
     })
 }
 
+/// The `name` of tensor `idx` of the top-level list `list` ("inputs" or "outputs"), read
+/// only as far as it takes: for an error message about a document that does not parse,
+/// where the fault lies after the name (Python's bare `NaN` in `data`, say).
+pub(crate) fn tensor_name(json: &[u8], list: &str, idx: usize) -> Option<String> {
+    let mut r = Reader { s: json, pos: 0 };
+    r.eat(b'{')?;
+    loop {
+        let key = r.key()?;
+        if key != list.as_bytes() {
+            r.value::<IgnoredAny>()?;
+            r.eat(b',')?;
+            continue;
+        }
+        r.eat(b'[')?;
+        for _ in 0..idx {
+            r.value::<IgnoredAny>()?;
+            r.eat(b',')?;
+        }
+        r.eat(b'{')?;
+        loop {
+            if r.key()? == b"name" {
+                return r.str_ref().map(Cow::into_owned);
+            }
+            r.value::<IgnoredAny>()?;
+            r.eat(b',')?;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +326,18 @@ mod tests {
             r#"{"inputs":[{"name":"U","datatype":"UINT8","shape":[2],"data":[1,300]}]}"#,
             false,
         );
+    }
+
+    #[test]
+    fn finds_a_tensor_name_before_the_fault() {
+        let doc = br#"{"id":"x","inputs":[{"name":"A","data":[1]}, {"shape":[1],"name":"B","data":[NaN]}]}"#;
+        assert_eq!(tensor_name(doc, "inputs", 1).as_deref(), Some("B"));
+        assert_eq!(tensor_name(doc, "inputs", 0).as_deref(), Some("A"));
+        assert_eq!(tensor_name(doc, "outputs", 0), None);
+        assert_eq!(tensor_name(doc, "inputs", 2), None);
+        // The fault before the name: no name.
+        let doc = br#"{"inputs":[{"data":[NaN],"name":"A"}]}"#;
+        assert_eq!(tensor_name(doc, "inputs", 0), None);
     }
 
     #[test]
