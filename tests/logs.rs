@@ -1,14 +1,18 @@
 //! Access logs, in JSON and in the plain format: each request has one access line with its
 //! method, path, model, status, backend, bytes and duration.
 
+mod common_grpc;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use tensorgate::protocol::grpc::pb;
+
 const BODY: &str = r#"{"parameters":{"sequence_id":9,"sequence_start":true},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[3]}]}"#;
 
 /// Runs a gateway with `log_format`, sends it one `accumulate` request and one `simple`
-/// request it refuses, stops it with SIGTERM and returns what it wrote to stderr, and the
+/// request it refuses, and one `simple` call over gRPC, stops it with SIGTERM and returns what it wrote to stderr, and the
 /// refusal's error message.
 async fn log_of_one_request(log_format: &str) -> (String, String) {
     let free = || {
@@ -18,14 +22,14 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
             .unwrap()
             .port()
     };
-    let (port, metrics) = (free(), free());
+    let (port, metrics, grpc) = (free(), free(), free());
     let dir = std::env::temp_dir().join(format!("tg-logs-{log_format}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("tensorgate.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_format = \"{log_format}\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\nlog_format = \"{log_format}\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
         ),
     )
     .unwrap();
@@ -47,6 +51,7 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
     }
     let r = reqwest::Client::new()
         .post(format!("{base}/v2/models/accumulate/infer"))
+        .header("x-request-id", "req-42")
         .body(BODY)
         .send()
         .await
@@ -63,6 +68,20 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
         .as_str()
         .unwrap()
         .to_string();
+    // Over gRPC, the request id comes from the call's metadata.
+    let mut c = common_grpc::connect(([127, 0, 0, 1], grpc).into()).await;
+    let mut call = tonic::Request::new(pb::ModelInferRequest {
+        model_name: "simple".into(),
+        inputs: vec![
+            common_grpc::input("INPUT0", "INT32", &[1, 16]),
+            common_grpc::input("INPUT1", "INT32", &[1, 16]),
+        ],
+        raw_input_contents: vec![common_grpc::le_i32(&[1; 16]), common_grpc::le_i32(&[2; 16])],
+        ..Default::default()
+    });
+    call.metadata_mut()
+        .insert("x-request-id", "grpc-7".parse().unwrap());
+    c.model_infer(call).await.unwrap();
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -104,6 +123,7 @@ async fn json_access_logs() {
     assert_eq!(f["bytes_in"], BODY.len());
     assert_eq!(f["sequence_id"], "9");
     assert!(f["duration_us"].as_u64().is_some() && f["bytes_out"].as_u64().unwrap() > 0);
+    assert_eq!(f["request_id"], "req-42");
     assert_eq!(f["error"], "-");
     // A refused request's line carries the message the client got.
     let refused: Vec<&serde_json::Value> = lines
@@ -115,6 +135,23 @@ async fn json_access_logs() {
     assert_eq!(refused.len(), 1, "{text}");
     assert_eq!(refused[0]["fields"]["status"], 400);
     assert_eq!(refused[0]["fields"]["error"], error.as_str());
+    assert_eq!(refused[0]["fields"]["request_id"], "-");
+    let grpc: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["target"] == "tensorgate::access" && v["fields"]["protocol"] == "grpc")
+        .collect();
+    assert_eq!(grpc.len(), 1, "{text}");
+    let f = &grpc[0]["fields"];
+    assert_eq!(
+        (&f["method"], &f["path"], &f["model"], &f["status"]),
+        (
+            &serde_json::json!("gRPC"),
+            &serde_json::json!("/inference.GRPCInferenceService/ModelInfer"),
+            &serde_json::json!("simple"),
+            &serde_json::json!(0)
+        )
+    );
+    assert_eq!(f["request_id"], "grpc-7");
 }
 
 /// The plain access line is written by tensorgate's own formatter (src/logformat.rs), in
@@ -144,5 +181,8 @@ async fn plain_access_logs() {
         rest.contains(" sequence_id=\"9\" traceparent=\"00-"),
         "{rest}"
     );
-    assert!(rest.ends_with(" error=\"-\""), "{rest}");
+    assert!(
+        rest.ends_with(" request_id=\"req-42\" error=\"-\""),
+        "{rest}"
+    );
 }

@@ -50,6 +50,8 @@ pub struct Observation {
     pub retried_from: Option<String>,
     /// The W3C trace context sent to the backend, for the access log.
     pub traceparent: Option<String>,
+    /// The client's `x-request-id`, for the access log.
+    pub request_id: Option<http::HeaderValue>,
     pub queue: Duration,
     pub compute_input: Duration,
     pub compute_infer: Duration,
@@ -482,6 +484,11 @@ pub fn access_log(
         duration_us = elapsed.as_micros() as u64,
         sequence_id = obs.sequence.as_deref().unwrap_or("-"),
         traceparent = obs.traceparent.as_deref().unwrap_or("-"),
+        request_id = obs
+            .request_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-"),
         error = error.unwrap_or("-"),
     );
 }

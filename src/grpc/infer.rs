@@ -163,6 +163,7 @@ async fn infer_one(
 ) -> Result<pb::ModelInferResponse, GatewayError> {
     let config = gw.config();
     obs.bytes_in = msg.encoded_len() as u64;
+    obs.request_id = ctx.request_id.clone();
     let model = msg.model_name.clone();
     let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
     let (entry, _pending) = core::begin(gw, &model, version.as_deref(), obs)?;

@@ -95,7 +95,10 @@ where
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let is_infer = path.ends_with("/infer");
-    let abandoned = observe::Abandoned::new(|| went_away(&gw, &method, &path, is_infer, start));
+    let request_id = req.headers().get(crate::gateway::REQUEST_ID).cloned();
+    let abandoned = observe::Abandoned::new(|| {
+        went_away(&gw, &method, &path, is_infer, start, request_id.clone())
+    });
     // One body type inside the stack, whatever the listener's.
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
     let handler = Dispatch(gw.clone());
@@ -111,7 +114,7 @@ where
         Err(never) => match never {},
     };
     // No observation: a layer answered before the handler ran.
-    let obs = match response.extensions_mut().remove::<observe::Observation>() {
+    let mut obs = match response.extensions_mut().remove::<observe::Observation>() {
         Some(obs) => obs,
         None => {
             let mut obs = observe::Observation::default();
@@ -121,6 +124,7 @@ where
             obs
         }
     };
+    obs.request_id = request_id.clone();
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
     // one needs to know which backend was involved.
     if let Some(v) = obs
@@ -158,8 +162,16 @@ where
 /// A request whose client went away before its answer (hyper dropped its future): its
 /// access line and counts, with nginx's 499, and against its model (if the gateway serves
 /// the one its path names) as Triton's CANCELED.
-fn went_away(gw: &Gateway, method: &http::Method, path: &str, is_infer: bool, start: Instant) {
+fn went_away(
+    gw: &Gateway,
+    method: &http::Method,
+    path: &str,
+    is_infer: bool,
+    start: Instant,
+    request_id: Option<HeaderValue>,
+) {
     let mut obs = observe::Observation::new(observe::Protocol::Rest);
+    obs.request_id = request_id;
     let elapsed = start.elapsed();
     gw.metrics
         .requests
