@@ -995,6 +995,17 @@ async fn cancelling_a_stream_cancels_its_requests_in_flight() {
         .await,
         "the calls in flight end with the stream"
     );
+    // Each is counted, as a call the client cancelled.
+    let cancelled = gw
+        .gateway
+        .metrics
+        .grpc_requests
+        .with_label_values(&[
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            "CANCELLED",
+        ])
+        .get();
+    assert_eq!(cancelled, 2);
     gw.shutdown().await;
 }
 

@@ -124,7 +124,7 @@ pub(super) async fn call(
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
-    let abandoned = Abandoned::new(|| went_away(gw, start));
+    let abandoned = Abandoned::new(|| went_away(gw, INFER_PATH, start, WENT_AWAY));
     let mut obs = Observation::new(Protocol::Grpc);
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
@@ -260,22 +260,25 @@ fn finish(
     );
 }
 
-/// A ModelInfer whose client cancelled it or went away before the answer (the transport
-/// dropped its future): its access line and count, CANCELLED. The model is not known if
-/// the message was still being read, so no model's series counts it.
-fn went_away(gw: &Gateway, start: Instant) {
+/// The access-log message of a stream's request that was in flight when the stream ended.
+const STREAM_ENDED: &str = "the stream ended before the answer (the client cancelled it or went away, or an earlier message could not be read)";
+
+/// A ModelInfer, or one message of a stream, whose call ended before the answer (the
+/// transport dropped its future): its access line and count, CANCELLED. The model is not
+/// known if the message was still being read, so no model's series counts it.
+fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str) {
     gw.metrics
         .grpc_requests
-        .with_label_values(&[INFER_PATH, code_name(tonic::Code::Cancelled)])
+        .with_label_values(&[path, code_name(tonic::Code::Cancelled)])
         .inc();
     access_log(
         "gRPC",
-        INFER_PATH,
+        path,
         &Observation::new(Protocol::Grpc),
         tonic::Code::Cancelled as u32,
         0,
         start.elapsed(),
-        Some(WENT_AWAY),
+        Some(why),
     );
 }
 
@@ -401,6 +404,7 @@ async fn stream_message(
 ) -> pb::ModelStreamInferResponse {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
+    let abandoned = Abandoned::new(|| went_away(gw, STREAM_PATH, start, STREAM_ENDED));
     let mut obs = Observation::new(Protocol::Grpc);
     let id = msg.id.clone();
     let result = async {
@@ -418,6 +422,7 @@ async fn stream_message(
         start,
         bytes_out,
     );
+    abandoned.disarm();
     match result {
         Ok(r) => pb::ModelStreamInferResponse {
             error_message: String::new(),
