@@ -19,9 +19,10 @@ use crate::fleet::{BackendHandle, CatalogEntry};
 use crate::gateway::labels::Labels;
 use crate::gateway::observe::{Observation, Phase};
 use crate::gateway::Gateway;
+use crate::pinstore::Claimed;
 use crate::protocol::rest::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{
-    decode_backend_response, encode_request, InferRequest, Limits, ModelMetadata,
+    decode_backend_response, encode_request, InferRequest, Limits, ModelMetadata, SequenceId,
     HEADER_CONTENT_LENGTH,
 };
 use crate::routing::Route;
@@ -102,10 +103,8 @@ impl Attempt<'_> {
         let mut refusal: Option<GatewayError> = None;
         let store = gw.pin_store.as_ref().filter(|_| in_sequence);
         let mut must_claim = store.is_some_and(|s| s.before_route(&gw.router.pins, model, options));
-        // The backend the store holds for the sequence, as the claim found or left it, and
-        // whether this request's claim stored it.
-        let mut stored: Option<String> = None;
-        let mut created = false;
+        // The store's answer to this request's claim, if it made one and got one.
+        let mut claimed: Option<Claimed> = None;
         // The catalog as this request sees it; newer after a catch-up.
         let mut entry = std::borrow::Cow::Borrowed(entry);
         loop {
@@ -118,42 +117,18 @@ impl Attempt<'_> {
                 }
             };
             if let (Some(store), true) = (store, std::mem::take(&mut must_claim)) {
-                let id = options.sequence_id.as_ref().expect("in a sequence");
-                let pins = &gw.router.pins;
-                let claimed = store.claim(pins, model, id, &route.backend.key).await;
-                created = claimed.as_ref().is_some_and(|c| c.created);
-                let holder = claimed.map(|c| c.holder);
-                if let Some(holder) = holder.as_ref().filter(|h| **h != route.backend.key) {
-                    if !entry.ready.iter().any(|h| h.key == *holder) {
-                        // It may know a backend that this replica has yet to discover.
-                        gw.catch_up().await;
-                        if let Some(newer) = gw.fleet.catalog().get(model) {
-                            entry = std::borrow::Cow::Owned(newer.clone());
-                        }
-                    }
-                    if !options.sequence_start {
-                        // Another replica pinned the sequence first: its choice is the pin.
-                        pins.insert(model, id, holder);
-                        route = self.route(&entry, refused.as_deref())?;
-                    } else if let Some(h) = entry
-                        .ready
-                        .iter()
-                        .find(|h| h.key == *holder && !h.health.is_ejected())
-                    {
-                        // A start of an id the store pins (an earlier sequence of that id,
-                        // or another replica's start): it resets the sequence wherever it
-                        // runs, so it runs where every replica's cached pin already sends
-                        // the id. Moving it would leave replicas that cached the old pin
-                        // sending its next requests to the old state.
-                        pins.insert(model, id, holder);
-                        route = crate::routing::Route {
-                            backend: h.clone(),
-                            fallbacks: Vec::new(),
-                            pinned_now: true,
-                        };
-                    }
+                claimed = store
+                    .claim(&gw.router.pins, model, self.sequence(), &route.backend.key)
+                    .await;
+                if let Some(holder) = claimed
+                    .as_ref()
+                    .map(|c| c.holder.as_str())
+                    .filter(|h| *h != route.backend.key)
+                {
+                    route = self
+                        .follow_store(holder, &mut entry, route, refused.as_deref())
+                        .await?;
                 }
-                stored = holder;
             }
             let backend = route.backend.clone();
             let pinned_now = route.pinned_now;
@@ -172,8 +147,8 @@ impl Attempt<'_> {
                         // Served somewhere the store does not hold: a past owner, a start
                         // whose stored backend this replica could not use, or a start the
                         // store did not answer for.
-                        let elsewhere = match stored.as_deref() {
-                            Some(held) => held != served.key,
+                        let elsewhere = match claimed.as_ref() {
+                            Some(c) => c.holder != served.key,
                             // The store did not answer the start's claim: it is tried again.
                             None => options.sequence_start,
                         };
@@ -224,11 +199,65 @@ impl Attempt<'_> {
                 if pinned_now {
                     gw.router.unpin(model, options);
                 }
-                if let (Some(store), true, Some(id)) = (store, created, &options.sequence_id) {
-                    store.forget(model, id).await;
+                if let (Some(store), Some(Claimed { created: true, .. })) = (store, &claimed) {
+                    store.forget(model, self.sequence()).await;
                 }
             }
             return Err(failure.error);
+        }
+    }
+
+    /// The request's sequence id; called only inside a sequence.
+    fn sequence(&self) -> &SequenceId {
+        self.req
+            .options
+            .sequence_id
+            .as_ref()
+            .expect("in a sequence")
+    }
+
+    /// The route once the store answered that `holder`, not the route's backend, holds the
+    /// sequence (another replica pinned it first, or an earlier sequence of a start's id).
+    async fn follow_store(
+        &self,
+        holder: &str,
+        entry: &mut std::borrow::Cow<'_, CatalogEntry>,
+        route: BackendRoute,
+        refused: Option<&str>,
+    ) -> Result<BackendRoute, GatewayError> {
+        let (gw, model, options) = (self.gw, self.model, &self.req.options);
+        let (pins, id) = (&gw.router.pins, self.sequence());
+        if !entry.ready.iter().any(|h| h.key == holder) {
+            // It may know a backend that this replica has yet to discover.
+            gw.catch_up().await;
+            if let Some(newer) = gw.fleet.catalog().get(model) {
+                *entry = std::borrow::Cow::Owned(newer.clone());
+            }
+        }
+        if !options.sequence_start {
+            // Another replica pinned the sequence first: its choice is the pin.
+            pins.insert(model, id, holder);
+            return self.route(entry, refused);
+        }
+        match entry
+            .ready
+            .iter()
+            .find(|h| h.key == holder && !h.health.is_ejected())
+        {
+            // A start of an id the store pins (an earlier sequence of that id, or another
+            // replica's start): it resets the sequence wherever it runs, so it runs where
+            // every replica's cached pin already sends the id. Moving it would leave replicas
+            // that cached the old pin sending its next requests to the old state.
+            Some(h) => {
+                pins.insert(model, id, holder);
+                Ok(Route {
+                    backend: h.clone(),
+                    fallbacks: Vec::new(),
+                    pinned_now: true,
+                })
+            }
+            // Not usable here: the start runs on the route's backend, stored once served.
+            None => Ok(route),
         }
     }
 
