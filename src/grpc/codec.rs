@@ -2,6 +2,7 @@
 //! a message of many empty repeated entries cannot make the decoder allocate a hundred
 //! times its size. The generated service and client use it (`codec_path` in build.rs).
 
+use std::any::TypeId;
 use std::marker::PhantomData;
 
 use prost::bytes::Buf;
@@ -10,7 +11,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::protocol::grpc::{check_fanout, INFER_REQUEST_FIELDS};
+use crate::protocol::grpc::{check_fanout, pb, INFER_REQUEST_FIELDS};
 
 pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
 
@@ -41,14 +42,14 @@ where
 
 pub struct GuardedDecoder<U>(ProstDecoder<U>);
 
-impl<U: Message + Default> Decoder for GuardedDecoder<U> {
+impl<U: Message + Default + 'static> Decoder for GuardedDecoder<U> {
     type Item = U;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The whole message is in one contiguous buffer by the time it is decoded.
         // Named fields for the one message with many: ModelInfer's (streams included).
-        let names = if std::any::type_name::<U>().ends_with("::ModelInferRequest") {
+        let names = if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
             INFER_REQUEST_FIELDS
         } else {
             &[]
