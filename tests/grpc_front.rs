@@ -1235,3 +1235,41 @@ async fn requests_whose_client_went_away_are_counted() {
     assert_eq!(metrics.timeouts.with_label_values(&["m"]).get(), 0);
     gw.shutdown().await;
 }
+
+/// The gRPC port answers gRPC only: a plain HTTP request (a probe pointed at the wrong port)
+/// gets 505 over HTTP/1 and 415 over HTTP/2 without the gRPC content-type, never a 200 that
+/// a checker would take for health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_on_the_grpc_port_is_refused() {
+    let (gw, _) = start(config(&[], "")).await;
+    let url = format!("http://{}/v2/health/ready", gw.grpc_addr.unwrap());
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status(), 505);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "this is tensorgate's gRPC port, and gRPC needs HTTP/2; the v2 REST API is on the REST port (server.listen)\n"
+    );
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<Bytes>>();
+    for content_type in [None, Some("application/json")] {
+        let mut req = http::Request::post(&url);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let r = http2
+            .request(
+                req.body(http_body_util::Full::new(Bytes::from("{}")))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 415, "{content_type:?}");
+        let text = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            text,
+            "this is tensorgate's gRPC port: requests need content-type application/grpc; the v2 REST API is on the REST port (server.listen)\n"
+        );
+    }
+    gw.shutdown().await;
+}

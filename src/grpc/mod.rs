@@ -9,6 +9,7 @@ mod body;
 pub mod codec;
 mod health;
 mod infer;
+mod only_grpc;
 mod routes;
 mod statistics;
 mod unary;
@@ -31,6 +32,7 @@ use crate::gateway::Gateway;
 use crate::gateway::{model_config, queries};
 use crate::protocol::grpc::pb;
 
+use only_grpc::{OnlyGrpc, OnlyGrpcLayer};
 pub use routes::GrpcRoutes;
 
 /// The generated service and client (the client is for tests and tools).
@@ -42,8 +44,8 @@ pub mod service {
 use service::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 
 /// The whole gRPC listener's service: inference and health on one port, behind the layers
-/// every listener shares (request id, auth, shedding).
-pub type GrpcService = PropagateRequestId<Auth<Shed<GrpcRoutes, GrpcPolicy>, GrpcPolicy>>;
+/// every listener shares (request id, auth, shedding), for gRPC requests only.
+pub type GrpcService = OnlyGrpc<PropagateRequestId<Auth<Shed<GrpcRoutes, GrpcPolicy>, GrpcPolicy>>>;
 
 const SERVICE: &str = "/inference.GRPCInferenceService/";
 
@@ -79,6 +81,7 @@ impl Policy for GrpcPolicy {
 pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
     let routes = routes_for(gw.clone());
     tower::ServiceBuilder::new()
+        .layer(OnlyGrpcLayer)
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             crate::gateway::REQUEST_ID,
         )))
