@@ -319,6 +319,25 @@ async fn content_encodings() {
         for (coding, codec, corrupt) in codings {
             check_coding(&env, topology, coding, codec, corrupt).await;
         }
+        // Codings are case-insensitive, and x-gzip is gzip (RFC 9110 8.4.1).
+        for (spelling, compress) in [
+            ("GZIP", gzip as fn(&[u8]) -> Vec<u8>),
+            ("x-gzip", gzip),
+            ("Deflate", deflate),
+        ] {
+            let req = env
+                .client
+                .post(env.url("/v2/models/simple/infer"))
+                .header("Content-Encoding", spelling)
+                .header("Content-Type", "application/json")
+                .body(compress(&json));
+            let r = env.send(req).await;
+            assert_eq!(r.status, 200, "{topology:?} {spelling}");
+            assert_eq!(
+                int32s(output(&r.decode(), "OUTPUT0")),
+                a.iter().map(|v| v * 2).collect::<Vec<_>>()
+            );
+        }
         env.shutdown().await;
     }
 }

@@ -31,7 +31,10 @@ use crate::gateway::Gateway;
 use crate::tls::ReloadableTls;
 
 mod conn;
+mod content_coding;
 mod drain;
+
+use content_coding::{CanonicalCoding, CanonicalCodingLayer};
 
 use drain::{Drain, Watch};
 
@@ -319,7 +322,7 @@ type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body
 pub type Layered<S> = tower_http::catch_panic::CatchPanic<
     PropagateRequestId<
         tower_http::compression::Compression<
-            tower_http::decompression::RequestDecompression<S>,
+            CanonicalCoding<tower_http::decompression::RequestDecompression<S>>,
             And<DefaultPredicate, InferAnswers>,
         >,
     >,
@@ -349,6 +352,7 @@ pub fn with_layers<S>(inner: S) -> Layered<S> {
             crate::gateway::REQUEST_ID,
         )))
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(InferAnswers)))
+        .layer(CanonicalCodingLayer)
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
 }
