@@ -32,7 +32,7 @@ use crate::gateway::Gateway;
 use crate::gateway::{model_config, queries};
 use crate::protocol::grpc::pb;
 
-use only_grpc::{OnlyGrpc, OnlyGrpcLayer};
+use only_grpc::OnlyGrpc;
 pub use routes::GrpcRoutes;
 
 /// The generated service and client (the client is for tests and tools).
@@ -81,7 +81,7 @@ impl Policy for GrpcPolicy {
 pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
     let routes = routes_for(gw.clone());
     tower::ServiceBuilder::new()
-        .layer(OnlyGrpcLayer)
+        .layer(tower::layer::layer_fn(OnlyGrpc))
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             crate::gateway::REQUEST_ID,
         )))

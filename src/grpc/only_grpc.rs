@@ -12,19 +12,9 @@ use futures_util::future::Either;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use tonic::body::Body;
 
-#[derive(Clone, Copy, Default)]
-pub struct OnlyGrpcLayer;
-
-impl<S> tower::Layer<S> for OnlyGrpcLayer {
-    type Service = OnlyGrpc<S>;
-
-    fn layer(&self, inner: S) -> OnlyGrpc<S> {
-        OnlyGrpc(inner)
-    }
-}
-
+/// Used as a layer through `tower::layer::layer_fn(OnlyGrpc)`.
 #[derive(Clone)]
-pub struct OnlyGrpc<S>(S);
+pub struct OnlyGrpc<S>(pub S);
 
 /// Why a request is not gRPC, if it is not.
 fn refusal<B>(req: &Request<B>) -> Option<(StatusCode, &'static str)> {

@@ -8,19 +8,9 @@ use std::task::{Context, Poll};
 
 use http::{header, HeaderMap, HeaderValue, Request};
 
-#[derive(Clone, Copy, Default)]
-pub struct CanonicalCodingLayer;
-
-impl<S> tower::Layer<S> for CanonicalCodingLayer {
-    type Service = CanonicalCoding<S>;
-
-    fn layer(&self, inner: S) -> CanonicalCoding<S> {
-        CanonicalCoding(inner)
-    }
-}
-
+/// Used as a layer through `tower::layer::layer_fn(CanonicalCoding)`.
 #[derive(Clone)]
-pub struct CanonicalCoding<S>(S);
+pub struct CanonicalCoding<S>(pub S);
 
 impl<S, B> tower::Service<Request<B>> for CanonicalCoding<S>
 where

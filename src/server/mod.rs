@@ -34,7 +34,7 @@ mod conn;
 mod content_coding;
 mod drain;
 
-use content_coding::{CanonicalCoding, CanonicalCodingLayer};
+use content_coding::CanonicalCoding;
 
 use drain::{Drain, Watch};
 
@@ -352,7 +352,7 @@ pub fn with_layers<S>(inner: S) -> Layered<S> {
             crate::gateway::REQUEST_ID,
         )))
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(InferAnswers)))
-        .layer(CanonicalCodingLayer)
+        .layer(tower::layer::layer_fn(CanonicalCoding))
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
 }
