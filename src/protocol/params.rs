@@ -134,6 +134,21 @@ impl Parameters {
         Some(self.0.remove(pos).1)
     }
 
+    /// Refuses the shared-memory extension's parameters on a client's tensor: the gateway
+    /// forwards tensors over the network and cannot read or write a region of the client's
+    /// memory, so an input's data would be missing and an output's would go unwritten.
+    pub fn refuse_shared_memory(&self) -> Result<()> {
+        match self
+            .iter()
+            .find(|(k, _)| k.starts_with("shared_memory_"))
+        {
+            None => Ok(()),
+            Some((key, _)) => Err(ProtocolError::invalid(format!(
+                "parameter '{key}': shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response"
+            ))),
+        }
+    }
+
     /// Refuses a value the protocol does not define for a client's parameters (a
     /// parameter is a string, a number or a bool): an array, an object or null. They are
     /// kept from a backend (MLServer sends objects), never taken from a client, whose
@@ -328,6 +343,7 @@ pub struct OutputOptions {
 
 impl OutputOptions {
     pub fn from_parameters(p: &Parameters) -> Result<OutputOptions> {
+        p.refuse_shared_memory()?;
         Ok(OutputOptions {
             binary_data: p.get_bool("binary_data")?,
             classification: p.get_uint("classification")?,

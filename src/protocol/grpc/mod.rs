@@ -118,6 +118,8 @@ fn decode_input(
         })
         .collect::<Result<Vec<u64>>>()?;
     let count = checked_element_count(&shape, limits.max_tensor_elements)?;
+    let parameters = params_from_proto(input.parameters)?;
+    parameters.refuse_shared_memory()?;
     let typed = input.contents.filter(|c| !contents::is_empty(c));
     let data = match (raw, typed) {
         (Some(_), Some(_)) => {
@@ -141,7 +143,7 @@ fn decode_input(
         name: input.name,
         datatype,
         shape,
-        parameters: params_from_proto(input.parameters)?,
+        parameters,
         data,
     })
 }
@@ -263,4 +265,56 @@ pub fn decode_infer_response(
         parameters: params_from_proto(msg.parameters)?,
         outputs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::infer_parameter::ParameterChoice;
+
+    fn string(v: &str) -> pb::InferParameter {
+        pb::InferParameter {
+            parameter_choice: Some(ParameterChoice::StringParam(v.into())),
+        }
+    }
+
+    /// Shared memory is refused by name on inputs and requested outputs, as over REST.
+    #[test]
+    fn shared_memory_is_refused() {
+        let why = "shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response";
+        let mut input = pb::model_infer_request::InferInputTensor {
+            name: "X".into(),
+            datatype: "INT8".into(),
+            shape: vec![1],
+            ..Default::default()
+        };
+        input
+            .parameters
+            .insert("shared_memory_region".into(), string("r"));
+        let msg = pb::ModelInferRequest {
+            inputs: vec![input],
+            ..Default::default()
+        };
+        let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("input 'X': parameter 'shared_memory_region': {why}")
+        );
+        let mut output = pb::model_infer_request::InferRequestedOutputTensor {
+            name: "O".into(),
+            ..Default::default()
+        };
+        output
+            .parameters
+            .insert("shared_memory_region".into(), string("r"));
+        let msg = pb::ModelInferRequest {
+            outputs: vec![output],
+            ..Default::default()
+        };
+        let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("output 'O': parameter 'shared_memory_region': {why}")
+        );
+    }
 }

@@ -299,6 +299,7 @@ fn build_tensor(
     let mut parameters = w.parameters;
     if tolerated.is_none() {
         parameters.check_scalar()?;
+        parameters.refuse_shared_memory()?;
     }
     let binary_size = parameters.get_uint("binary_data_size")?;
     parameters.remove("binary_data_size");
@@ -636,6 +637,24 @@ mod tests {
 
     fn input(fields: &str) -> String {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    /// Shared memory is refused by name on inputs and requested outputs, never ignored.
+    #[test]
+    fn shared_memory_is_refused() {
+        let why = "shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response";
+        assert_eq!(
+            err(&input(
+                r#""datatype":"INT8","shape":[1],"parameters":{"shared_memory_region":"r","shared_memory_byte_size":1}"#
+            )),
+            format!("input 'X': parameter 'shared_memory_region': {why}")
+        );
+        assert_eq!(
+            err(
+                r#"{"inputs":[],"outputs":[{"name":"O","parameters":{"shared_memory_byte_size":4}}]}"#
+            ),
+            format!("output 'O': parameter 'shared_memory_byte_size': {why}")
+        );
     }
 
     /// Errors that say what is wrong with the body as a whole.
