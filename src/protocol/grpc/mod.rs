@@ -272,49 +272,39 @@ mod tests {
     use super::*;
     use pb::infer_parameter::ParameterChoice;
 
-    fn string(v: &str) -> pb::InferParameter {
-        pb::InferParameter {
-            parameter_choice: Some(ParameterChoice::StringParam(v.into())),
-        }
-    }
-
     /// Shared memory is refused by name on inputs and requested outputs, as over REST.
     #[test]
     fn shared_memory_is_refused() {
-        let why = "shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response";
-        let mut input = pb::model_infer_request::InferInputTensor {
+        let region: std::collections::HashMap<String, pb::InferParameter> = [(
+            "shared_memory_region".to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam("r".into())),
+            },
+        )]
+        .into();
+        let input = pb::model_infer_request::InferInputTensor {
             name: "X".into(),
             datatype: "INT8".into(),
             shape: vec![1],
+            parameters: region.clone(),
             ..Default::default()
         };
-        input
-            .parameters
-            .insert("shared_memory_region".into(), string("r"));
-        let msg = pb::ModelInferRequest {
+        let output = pb::model_infer_request::InferRequestedOutputTensor {
+            name: "O".into(),
+            parameters: region,
+        };
+        let with_input = pb::ModelInferRequest {
             inputs: vec![input],
             ..Default::default()
         };
-        let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            format!("input 'X': parameter 'shared_memory_region': {why}")
-        );
-        let mut output = pb::model_infer_request::InferRequestedOutputTensor {
-            name: "O".into(),
-            ..Default::default()
-        };
-        output
-            .parameters
-            .insert("shared_memory_region".into(), string("r"));
-        let msg = pb::ModelInferRequest {
+        let with_output = pb::ModelInferRequest {
             outputs: vec![output],
             ..Default::default()
         };
-        let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            format!("output 'O': parameter 'shared_memory_region': {why}")
-        );
+        let why = "parameter 'shared_memory_region': shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response";
+        for (msg, tensor) in [(with_input, "input 'X'"), (with_output, "output 'O'")] {
+            let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
+            assert_eq!(e.to_string(), format!("{tensor}: {why}"));
+        }
     }
 }
