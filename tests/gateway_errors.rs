@@ -231,6 +231,18 @@ async fn invalid_inference_header_content_length() {
                 .body(json.clone());
             env.send(req).await.assert_error(400, &message);
         }
+        // Sent twice: no right value to pick.
+        let n = json.len().to_string();
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Inference-Header-Content-Length", n.as_str())
+            .header("Inference-Header-Content-Length", n.as_str())
+            .body(json.clone());
+        env.send(req).await.assert_error(
+            400,
+            "Inference-Header-Content-Length is sent 2 times; send it once",
+        );
         // A value equal to the body length is allowed.
         let r = env
             .infer(
@@ -273,7 +285,17 @@ async fn size_limits() {
         let r = env.infer_json("simple", &req).await;
         r.assert_error(
             413,
-            &format!("the JSON request is {n} bytes; the limit is 2048"),
+            &format!("the JSON request is {n} bytes; the limit is 2048 (limits.max_json_bytes)"),
+        );
+        // A header length over max_json_bytes is refused before the body is read.
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Inference-Header-Content-Length", "3000")
+            .body(vec![b' '; 3500]);
+        env.send(req).await.assert_error(
+            413,
+            "the JSON request is 3000 bytes (Inference-Header-Content-Length); the limit is 2048 (limits.max_json_bytes)",
         );
         // Too many elements.
         let big = simple_with(

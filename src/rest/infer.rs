@@ -18,6 +18,29 @@ use crate::protocol::{
     InferResponse, RequestBody, HEADER_CONTENT_LENGTH,
 };
 
+/// Checks `Inference-Header-Content-Length` before the body is read: sent once at most (two
+/// values that disagree leave no right one to pick), a number, and within the JSON limit,
+/// so that a body is not read for a header the limit refuses anyway.
+pub fn check_header_length(headers: &http::HeaderMap, max_json: usize) -> Result<(), GatewayError> {
+    let mut values = headers.get_all(HEADER_CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
+        return Ok(());
+    };
+    if values.next().is_some() {
+        return Err(GatewayError::BadRequest(format!(
+            "Inference-Header-Content-Length is sent {} times; send it once",
+            headers.get_all(HEADER_CONTENT_LENGTH).iter().count()
+        )));
+    }
+    let n = parse_header_length(first.as_bytes())?;
+    if n > max_json {
+        return Err(GatewayError::PayloadTooLarge(format!(
+            "the JSON request is {n} bytes (Inference-Header-Content-Length); the limit is {max_json} (limits.max_json_bytes)"
+        )));
+    }
+    Ok(())
+}
+
 pub async fn infer(
     gw: &Gateway,
     config: &Config,

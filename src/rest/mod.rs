@@ -261,6 +261,7 @@ where
         Route::Infer { model, version } => {
             check_content_encoding(&req)?;
             let config = gw.config();
+            infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
             let (parts, body) = req.into_parts();
             let body = read_in_time(&config, body, config.limits.max_body_bytes).await?;
             obs.bytes_in = body.len() as u64;

@@ -107,7 +107,7 @@ impl BinaryCursor {
 fn check_json_size(json: &[u8], what: &str, limits: &Limits) -> Result<()> {
     if json.len() > limits.max_json_bytes {
         return Err(ProtocolError::too_large(format!(
-            "the JSON {what} is {} bytes; the limit is {}",
+            "the JSON {what} is {} bytes; the limit is {} (limits.max_json_bytes)",
             json.len(),
             limits.max_json_bytes
         )));
