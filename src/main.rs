@@ -270,7 +270,9 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => {
             return match Config::load(&file) {
                 Ok(config) => {
-                    let unreadable = tensorgate::config::unreadable_files(&config);
+                    // Read again for the lines of the keys that name unreadable files.
+                    let text = std::fs::read_to_string(&file).unwrap_or_default();
+                    let unreadable = tensorgate::config::unreadable_files(&config, &text);
                     if !unreadable.is_empty() {
                         print_errors(&file, &unreadable);
                         return ExitCode::FAILURE;

@@ -91,11 +91,11 @@ fn check_config_reports_errors_with_line_numbers() {
     let lines: Vec<String> = text(&out.stderr).lines().map(String::from).collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
-        lines[0].starts_with(&format!("{p}:3: unknown field `lisen`")),
+        lines[0].starts_with(&format!("{p}:3: server.lisen: unknown field `lisen`")),
         "{lines:?}"
     );
     assert!(
-        lines[1].starts_with(&format!("{p}:8: unknown field `wieght`")),
+        lines[1].starts_with(&format!("{p}:8: backends.wieght: unknown field `wieght`")),
         "{lines:?}"
     );
     assert!(out.stdout.is_empty());
@@ -134,7 +134,7 @@ fn check_config_reports_errors_with_line_numbers() {
     assert!(!out.status.success());
     assert_eq!(
         text(&out.stderr).trim_end(),
-        format!("{p}: models.classifier.labels.OUTPUT0: cannot read /nonexistent/classes.txt: No such file or directory (os error 2)")
+        format!("{p}:2: models.classifier.labels.OUTPUT0: cannot read /nonexistent/classes.txt: No such file or directory (os error 2)")
     );
 
     // What serve would refuse for the shared pins: a URL variable not set where it runs,
@@ -156,8 +156,8 @@ fn check_config_reports_errors_with_line_numbers() {
     assert_eq!(
         text(&out.stderr).lines().collect::<Vec<_>>(),
         [
-            format!("{p}: fleet.pins.ca: {} holds no PEM certificate (BEGIN CERTIFICATE)", ca.display()),
-            format!("{p}: fleet.pins.url_env names TENSORGATE_TEST_NEVER_SET, which is not set here (serve would refuse to start)"),
+            format!("{p}:4: fleet.pins.ca: {} holds no PEM certificate (BEGIN CERTIFICATE)", ca.display()),
+            format!("{p}:3: fleet.pins.url_env names TENSORGATE_TEST_NEVER_SET, which is not set here (serve would refuse to start)"),
         ]
     );
 
@@ -212,7 +212,7 @@ fn optional_listener_addresses_are_checked() {
         let err = text(&out.stderr);
         assert!(
             err.contains(&format!(
-                "invalid value 'localhost' for '{flag} <ADDR>': 'localhost' is not an address (host:port, or \"\" for none)"
+                "invalid value 'localhost' for '{flag} <ADDR>': 'localhost' is not an address (IP:port, or \"\" for none; host names are not resolved)"
             )),
             "{err}"
         );

@@ -27,6 +27,27 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// The line of the key that a message about a value starts with (`limits.max_json_depth
+/// must be ...`, `fleet.pins.url: ...`); for a key the file leaves out (a required one, or a
+/// default that another value conflicts with), the line of the table it belongs in, if any.
+fn line_of_key(text: &str, message: &str) -> Option<usize> {
+    let path = message.split([' ', ':']).next()?;
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut line = None;
+    for segment in path.split('.') {
+        let Some((key, item)) = table.get_key_value(segment) else {
+            break;
+        };
+        line = key.span().map(|s| line_of(text, s.start)).or(line);
+        match item.as_table_like() {
+            Some(t) => table = t,
+            None => break,
+        }
+    }
+    line
+}
+
 /// At most this many schema errors are collected before giving up.
 const MAX_SCHEMA_ERRORS: usize = 50;
 
@@ -75,15 +96,18 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
     Err(errors)
 }
 
-/// Puts the key before a message that does not name it (a wrong type or value names only
-/// what it expected): `limits.max_body_bytes: invalid type: ...`. The key is the one
+/// Puts the key before a message that does not start with it (a wrong type or value names
+/// only what it expected, an unknown key not its table): `limits.max_body_bytes: invalid
+/// type: ...`, `server.lisen: unknown field ...`. The key is the one
 /// assigned on the error's line, under the last table header above it.
 fn with_key(lines: &[&str], line: Option<usize>, message: &str) -> String {
     let Some(key) = line
         .and_then(|l| lines.get(l - 1))
         .and_then(|text| text.split_once('='))
         .map(|(key, _)| key.trim().trim_matches('"'))
-        .filter(|key| !key.is_empty() && !message.contains(key))
+        // A message that starts with the key names it already; `unknown field `lisen``
+        // does not say in which table.
+        .filter(|key| !key.is_empty() && !message.starts_with(key))
     else {
         return message.to_string();
     };
@@ -104,7 +128,9 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
     let config = deserialize(text)?;
     let mut errors = Vec::new();
     let mut names = HashSet::new();
-    let mut urls: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    // Each server's first backend: its name and URL as written.
+    let mut urls: std::collections::HashMap<String, (&str, &str)> =
+        std::collections::HashMap::new();
     for b in &config.backends {
         let new_name = names.insert(b.name.get_ref().clone());
         if !new_name {
@@ -116,18 +142,23 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
         let url_line = Some(line_of(text, b.url.span().start));
         // A backend is known by its URL (health, pins, metrics): one server listed twice
         // would be two backends that share all of that, with twice its share of traffic.
-        if let Some(first) = urls
-            .insert(server_of(b.url.get_ref()), b.name.get_ref())
-            .filter(|_| new_name)
-        {
-            errors.push(ConfigError {
-                line: url_line,
-                message: format!(
-                    "backend '{}' has the same url as backend '{first}' ({}); list each server once, and give it a weight for a larger share",
-                    b.name.get_ref(),
-                    b.url.get_ref()
-                ),
-            });
+        match urls.entry(server_of(b.url.get_ref())) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert((b.name.get_ref(), b.url.get_ref()));
+            }
+            // A duplicate name has its own error already.
+            std::collections::hash_map::Entry::Occupied(first) if new_name => {
+                let (first_name, first_url) = first.get();
+                errors.push(ConfigError {
+                    line: url_line,
+                    message: format!(
+                        "backend '{}' ({}) is the same server as backend '{first_name}' ({first_url}); list each server once, and give it a weight for a larger share",
+                        b.name.get_ref(),
+                        b.url.get_ref()
+                    ),
+                });
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {}
         }
         if let Err(m) = check_url(b.url.get_ref()) {
             errors.push(ConfigError {
@@ -174,7 +205,7 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             .into_iter()
             .chain(check_bounds(&config))
             .map(|message| ConfigError {
-                line: None,
+                line: line_of_key(text, &message),
                 message,
             }),
     );
@@ -402,8 +433,9 @@ fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
 }
 
 /// The files a config names that cannot be read, one error each: what `serve` would refuse
-/// to start with. Paths are relative to the working directory, as `serve` reads them.
-pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
+/// to start with. Paths are relative to the working directory, as `serve` reads them. `text`
+/// is the config's text, for the lines of the keys that name them.
+pub fn unreadable_files(config: &Config, text: &str) -> Vec<ConfigError> {
     let mut errors_dirs = Vec::new();
     let mut named: Vec<(String, &std::path::Path)> = Vec::new();
     if let Some(tls) = &config.server.tls {
@@ -472,6 +504,9 @@ pub fn unreadable_files(config: &Config) -> Vec<ConfigError> {
         })
         .collect();
     errors.extend(errors_dirs);
+    for e in &mut errors {
+        e.line = line_of_key(text, &e.message);
+    }
     errors
 }
 
@@ -534,9 +569,9 @@ mod tests {
         assert_eq!(
             e,
             [
-                "server.listen (0.0.0.0:8000) and server.metrics_listen (127.0.0.1:8000) share a port: each listener needs its own",
-                "server.listen (0.0.0.0:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
-                "server.metrics_listen (127.0.0.1:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
+                "line 2: server.listen (0.0.0.0:8000) and server.metrics_listen (127.0.0.1:8000) share a port: each listener needs its own",
+                "line 2: server.listen (0.0.0.0:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
+                "line 3: server.metrics_listen (127.0.0.1:8000) and server.grpc_listen (0.0.0.0:8000) share a port: each listener needs its own",
             ]
         );
         for fine in [
@@ -560,25 +595,25 @@ mod tests {
         assert_eq!(
             e[..e.len() - 1],
             [
-                "limits.max_json_depth must be at least 1, not 0: no request could be served",
-                "limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
-                "limits.request_timeout_ms must be at least 1, not 0: every request would time out",
-                "fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
-                "fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
-                "fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
-                "models.m.timeout_ms must be at least 1, not 0: every request would time out",
-                "server.worker_threads must be at most 1024, not 100000",
+                "line 7: limits.max_json_depth must be at least 1, not 0: no request could be served",
+                "line 6: limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
+                "line 5: limits.request_timeout_ms must be at least 1, not 0: every request would time out",
+                "line 9: fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
+                "line 10: fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
+                "line 11: fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
+                "line 14: models.m.timeout_ms must be at least 1, not 0: every request would time out",
+                "line 3: server.worker_threads must be at most 1024, not 100000",
             ]
         );
         let last = e.last().unwrap();
         assert!(
-            last == "server.log_level 'verbose!!' is not a log filter: 'verbose!!' is neither a level (off, error, warn, info, debug, trace) nor target=level; for example \"info\" or \"warn,tensorgate=debug\"",
+            last == "line 2: server.log_level 'verbose!!' is not a log filter: 'verbose!!' is neither a level (off, error, warn, info, debug, trace) nor target=level; for example \"info\" or \"warn,tensorgate=debug\"",
             "{last}"
         );
         // The defaults, and the smallest values that work, pass.
         assert_eq!(
             errors("[server]\nlog_level = \" \"\n"),
-            ["server.log_level ' ' is not a log filter: it is empty, which logs nothing; for example \"info\" or \"warn,tensorgate=debug\""]
+            ["line 2: server.log_level ' ' is not a log filter: it is empty, which logs nothing; for example \"info\" or \"warn,tensorgate=debug\""]
         );
         assert!(parse_and_check("").is_ok());
         assert!(parse_and_check(
@@ -595,10 +630,10 @@ mod tests {
         assert_eq!(
             e,
             [
-                "line 2: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`, `worker_threads`",
+                "line 2: server.lisen: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`, `worker_threads`",
                 "line 6: limits.max_body_bytes: invalid type: string \"big\", expected usize",
                 "line 10: backends.url: invalid type: integer `5`, expected a string",
-                "line 11: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
+                "line 11: backends.wieght: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
             ]
         );
         // A syntax error ends the search: what follows cannot be read reliably.
@@ -637,29 +672,45 @@ mod tests {
 
     #[test]
     fn files_that_cannot_be_read_are_named() {
-        let c = parse_and_check(
-            "[auth]\ntokens_file = \"/nonexistent/tokens\"\n[models.m]\nlabels = { OUT = \"/nonexistent/labels.txt\" }\n",
-        )
-        .unwrap();
-        let e: Vec<String> = unreadable_files(&c).iter().map(|e| e.to_string()).collect();
+        let text = "[auth]\ntokens_file = \"/nonexistent/tokens\"\n[models.m]\nlabels = { OUT = \"/nonexistent/labels.txt\" }\n";
+        let c = parse_and_check(text).unwrap();
+        let e: Vec<String> = unreadable_files(&c, text)
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
         assert_eq!(
             e,
             [
-                "auth.tokens_file: cannot read /nonexistent/tokens: No such file or directory (os error 2)",
-                "models.m.labels.OUT: cannot read /nonexistent/labels.txt: No such file or directory (os error 2)"
+                "line 2: auth.tokens_file: cannot read /nonexistent/tokens: No such file or directory (os error 2)",
+                "line 4: models.m.labels.OUT: cannot read /nonexistent/labels.txt: No such file or directory (os error 2)"
             ]
         );
         let embedded = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
         // The embedded config names label files relative to the repository root, where
         // cargo runs tests.
-        assert_eq!(unreadable_files(&embedded), []);
+        assert_eq!(
+            unreadable_files(&embedded, crate::config::DEFAULT_CONFIG),
+            []
+        );
+    }
+
+    #[test]
+    fn a_listen_address_is_quoted_and_explained() {
+        let e = errors("[server]\nlisten = \"localhost:8000\"\n");
+        assert_eq!(
+            e,
+            ["line 2: server.listen: 'localhost:8000' is not an address (IP:port, such as 0.0.0.0:8000 or [::]:8000; host names are not resolved): invalid socket address syntax"]
+        );
     }
 
     #[test]
     fn unknown_keys_are_errors_with_lines() {
         let e = errors("[server]\nlisten = \"0.0.0.0:1\"\nlisen = 3\n");
         assert_eq!(e.len(), 1);
-        assert!(e[0].starts_with("line 3: unknown field `lisen`"), "{e:?}");
+        assert!(
+            e[0].starts_with("line 3: server.lisen: unknown field `lisen`"),
+            "{e:?}"
+        );
         let e = errors("[limits]\nmax_body_bytes = \"x\"\n");
         assert!(
             e[0].starts_with("line 2: limits.max_body_bytes: invalid type: string \"x\""),
@@ -685,7 +736,19 @@ mod tests {
         );
         assert_eq!(
             e,
-            vec!["line 7: backend 'b' has the same url as backend 'a' (HTTP://H:1/); list each server once, and give it a weight for a larger share"]
+            vec!["line 7: backend 'b' (HTTP://H:1/) is the same server as backend 'a' (http://h:1); list each server once, and give it a weight for a larger share"]
+        );
+        // A name listed twice has its own error; the server a later backend repeats is named
+        // with the URL each wrote.
+        let e = errors(
+            "[[backends]]\nname = \"a\"\nurl = \"http://h:1\"\n\n[[backends]]\nname = \"a\"\nurl = \"http://h:2\"\n\n[[backends]]\nname = \"b\"\nurl = \"http://H:2\"\n",
+        );
+        assert_eq!(
+            e,
+            vec![
+                "line 6: duplicate backend name 'a'",
+                "line 11: backend 'b' (http://H:2) is the same server as backend 'a' (http://h:2); list each server once, and give it a weight for a larger share",
+            ]
         );
         for (a, b) in [
             ("http://h", "http://h:80"),
@@ -719,27 +782,27 @@ mod tests {
     fn pin_store_settings_are_checked() {
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\n"),
-            ["fleet.pins.url (or url_env) is required with store = \"redis\" (redis://host:port/db or rediss://...)"]
+            ["line 1: fleet.pins.url (or url_env) is required with store = \"redis\" (redis://host:port/db or rediss://...)"]
         );
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"http://:pw@h:1\"\ntimeout_ms = 0\nkey_prefix = \"\"\n"),
             [
-                "fleet.pins.url: 'http://:***@h:1' is not a redis:// or rediss:// URL",
-                "fleet.pins.key_prefix must not be empty",
-                "fleet.pins.timeout_ms must be from 1 to 60000, not 0",
+                "line 3: fleet.pins.url: 'http://:***@h:1' is not a redis:// or rediss:// URL",
+                "line 5: fleet.pins.key_prefix must not be empty",
+                "line 4: fleet.pins.timeout_ms must be from 1 to 60000, not 0",
             ]
         );
         assert_eq!(
             errors("[fleet.pins]\nurl = \"redis://h:1\"\n"),
-            ["fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
+            ["line 1: fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
         );
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"redis://h:1\"\nurl_env = \"X\"\n"),
-            ["fleet.pins: set url or url_env, not both"]
+            ["line 1: fleet.pins: set url or url_env, not both"]
         );
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"redis://h:1\"\nca = \"ca.pem\"\n"),
-            ["fleet.pins.ca applies to rediss:// URLs only"]
+            ["line 4: fleet.pins.ca applies to rediss:// URLs only"]
         );
         // Unset here, perhaps set where the gateway runs: `serve` refuses it, not the check.
         let env =

@@ -39,7 +39,7 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
-    #[serde(default = "default_listen")]
+    #[serde(default = "default_listen", deserialize_with = "address")]
     pub listen: SocketAddr,
     /// Address of the Prometheus /metrics listener; `""` (None) turns it off.
     #[serde(
@@ -209,9 +209,18 @@ pub fn parse_optional_address(text: &str) -> Result<Option<SocketAddr>, String> 
     if text.trim().is_empty() {
         return Ok(None);
     }
-    text.parse()
-        .map(Some)
-        .map_err(|e| format!("'{text}' is not an address (host:port, or \"\" for none): {e}"))
+    text.parse().map(Some).map_err(|e| {
+        format!("'{text}' is not an address (IP:port, or \"\" for none; host names are not resolved): {e}")
+    })
+}
+
+fn address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|e| {
+        serde::de::Error::custom(format!(
+            "'{text}' is not an address (IP:port, such as 0.0.0.0:8000 or [::]:8000; host names are not resolved): {e}"
+        ))
+    })
 }
 
 fn optional_address<'de, D: serde::Deserializer<'de>>(
