@@ -801,3 +801,53 @@ async fn a_refused_sequence_request_leaves_no_pin() {
     assert_eq!(pins(), 1);
     gw.shutdown().await;
 }
+
+/// A batch counts its inferences, an empty batch none: `nv_inference_count` and the
+/// statistics' inference_count add its size, 0 for shape [0, 16], while the request itself
+/// counts as a success and an execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_batch_counts_no_inference() {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    config.server.grpc_listen = None;
+    let gw = tensorgate::run::start(config, true).await.unwrap();
+    let client = reqwest::Client::new();
+    for batch in [0, 3] {
+        let r = client
+            .post(format!("http://{}/v2/models/simple/infer", gw.addr))
+            .json(&simple_body(batch))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "batch {batch}");
+    }
+    let text = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let m = parse(&text);
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("missing {k} in\n{text}"));
+    assert_eq!(
+        get(r#"nv_inference_count{model="simple",version="1"}"#),
+        3.0
+    );
+    assert_eq!(
+        get(r#"nv_inference_request_success{model="simple",version="1"}"#),
+        2.0
+    );
+    let stats: Value = reqwest::get(format!("http://{}/v2/models/simple/stats", gw.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let s = &stats["model_stats"][0];
+    assert_eq!(
+        (&s["inference_count"], &s["execution_count"]),
+        (&json!(3), &json!(2))
+    );
+    gw.shutdown().await;
+}

@@ -40,8 +40,9 @@ pub struct Observation {
     pub version: Option<String>,
     pub backend: Option<String>,
     pub sequence: Option<String>,
-    /// Inferences in the request (the batch size when the first dimension is a batch).
-    pub batch: u64,
+    /// Inferences in the request (the batch size when the first dimension is a batch, which
+    /// may be 0); `None` until the request is decoded, then counted as one.
+    pub batch: Option<u64>,
     pub bytes_in: u64,
     pub backend_calls: u64,
     pub classified: u64,
@@ -384,7 +385,7 @@ fn record_series(
 ) {
     if status.is_success() {
         series.success.inc();
-        series.count.inc_by(obs.batch.max(1));
+        series.count.inc_by(obs.batch.unwrap_or(1));
     } else {
         let r = obs.failure.unwrap_or_else(|| reason(status));
         metrics
@@ -438,7 +439,7 @@ fn record_stats(s: &ModelStats, series: &Series, obs: &Observation, ok: bool, el
             .unwrap_or(0);
         s.last_inference_ms.store(now_ms, Ordering::Relaxed);
         s.inference_count
-            .fetch_add(obs.batch.max(1), Ordering::Relaxed);
+            .fetch_add(obs.batch.unwrap_or(1), Ordering::Relaxed);
         series.duration_us.inc_by(s.success.add(1, elapsed));
         series.queue_us.inc_by(s.queue.add(1, obs.queue));
         series

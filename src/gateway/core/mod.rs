@@ -115,7 +115,7 @@ pub async fn infer(
         .sequence_id
         .as_ref()
         .map(crate::routing::describe_sequence);
-    obs.batch = batch_size(req, &entry.metadata);
+    obs.batch = Some(batch_size(req, &entry.metadata));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
     obs.traceparent = trace.to_str().ok().map(String::from);
