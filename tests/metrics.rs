@@ -25,6 +25,15 @@ fn simple_body(batch: usize) -> Value {
     ]})
 }
 
+/// The embedded config on loopback ports: REST, metrics (when `metrics`), no gRPC.
+fn loopback_config(metrics: bool) -> Config {
+    let mut config = Config::embedded_default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.metrics_listen = metrics.then(|| "127.0.0.1:0".parse().unwrap());
+    config.server.grpc_listen = None;
+    config
+}
+
 async fn infer_simple(client: &reqwest::Client, addr: std::net::SocketAddr) -> reqwest::Response {
     client
         .post(format!("http://{addr}/v2/models/simple/infer"))
@@ -36,10 +45,7 @@ async fn infer_simple(client: &reqwest::Client, addr: std::net::SocketAddr) -> r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_exactly() {
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.server.grpc_listen = None;
+    let config = loopback_config(true);
     let gw = tensorgate::run::start(config, true).await.unwrap();
     let base = format!("http://{}", gw.addr);
     let client = reqwest::Client::new();
@@ -249,9 +255,7 @@ async fn counters_move_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_context_and_request_id() {
-    let mut config = Config::embedded_default();
-    config.server.grpc_listen = None;
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    let config = loopback_config(false);
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let r = reqwest::Client::new()
         .post(format!("http://{}/v2/models/simple/infer", gw.addr))
@@ -271,10 +275,7 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.server.grpc_listen = None;
+    let mut config = loopback_config(true);
     config
         .set_backends(&["builtin".into(), format!("http://{closed}")])
         .unwrap();
@@ -322,10 +323,7 @@ async fn retries_ejections_timeouts_transcoding_and_reloads_count_exactly() {
     let worker =
         || tensorgate::run::start(Config::worker("127.0.0.1:0".parse().unwrap(), &[]), false);
     let (dying, living) = (worker().await.unwrap(), worker().await.unwrap());
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.server.grpc_listen = None;
+    let mut config = loopback_config(true);
     config
         .set_backends(&[
             format!("http://{}", dying.addr),
@@ -519,10 +517,7 @@ async fn a_removed_backend_leaves_no_series() {
         || tensorgate::run::start(Config::worker("127.0.0.1:0".parse().unwrap(), &[]), false);
     let (kept, removed) = (worker().await.unwrap(), worker().await.unwrap());
     let kept_url = format!("http://{}", kept.addr);
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.server.grpc_listen = None;
+    let mut config = loopback_config(true);
     config
         .set_backends(&[kept_url.clone(), format!("http://{}", removed.addr)])
         .unwrap();
@@ -599,9 +594,7 @@ async fn a_removed_backend_leaves_no_series() {
 /// key, with counts equal to the requests sent, failures included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_stats_have_tritons_shape_and_count_the_requests() {
-    let mut config = Config::embedded_default();
-    config.server.grpc_listen = None;
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    let config = loopback_config(false);
     let gw = tensorgate::run::start(config, false).await.unwrap();
     let base = format!("http://{}", gw.addr);
     let client = reqwest::Client::new();
@@ -773,10 +766,7 @@ async fn an_empty_metrics_listen_turns_the_listener_off() {
 /// does not know) leaves no pin: requests nothing accepts cannot fill the pin table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_sequence_request_leaves_no_pin() {
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = None;
-    config.server.grpc_listen = None;
+    let config = loopback_config(false);
     let gw = tensorgate::run::start(config, true).await.unwrap();
     let client = reqwest::Client::new();
     let url = format!("http://{}/v2/models/accumulate/infer", gw.addr);
@@ -807,10 +797,7 @@ async fn a_refused_sequence_request_leaves_no_pin() {
 /// counts as a success and an execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_batch_counts_no_inference() {
-    let mut config = Config::embedded_default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.server.grpc_listen = None;
+    let config = loopback_config(true);
     let gw = tensorgate::run::start(config, true).await.unwrap();
     let client = reqwest::Client::new();
     for batch in [0, 3] {
