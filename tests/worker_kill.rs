@@ -1,7 +1,7 @@
 //! A worker SIGKILLed under stateless load, over REST and gRPC at once: no request fails.
 //! Those in flight on it are retried once on the other worker (their connection closed
 //! before any answer), new ones find it refused and go elsewhere, and passive health ejects
-//! it.
+//! it. A worker restarted under a live sequence loses it with a 503, not a 400.
 
 mod common_fleet;
 
@@ -130,5 +130,46 @@ async fn a_worker_killed_under_stateless_load_fails_no_request() {
         before > 0 && after > before,
         "load ran on both sides of the kill: {before} then {after}"
     );
+    gw.shutdown().await;
+}
+
+/// A worker restarted faster than any health check can see it gone: its first answer to a
+/// live sequence says it does not know it. The state is lost by the backend, not refused by
+/// the client's fault: 503 as for a backend found gone (a 400 would tell the client to fix
+/// its request, and count against it), and the pin goes, so a new start runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
+    let mut worker = Worker::start("w0", "127.0.0.1", 0, &["accumulate"]).await;
+    let port = worker.port;
+    let gw = start_gateway(gateway_config(&[&worker], "refresh_interval_ms = 60000")).await;
+    let (client, b) = (http_client(), base(&gw));
+    let r = accumulate(&client, &b, 7, true, false, 3).await;
+    assert_eq!(r.status, 200, "{r:?}");
+
+    worker.process.kill();
+    let worker = Worker::start("w0", "127.0.0.1", port, &["accumulate"]).await;
+    let r = accumulate(&client, &b, 7, false, false, 4).await;
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            503,
+            Some(
+                format!(
+                    "the backend of sequence 7 of model 'accumulate' ({}) no longer knows the sequence (it restarted?); the sequence's state is lost",
+                    worker.url
+                )
+                .as_str()
+            )
+        )
+    );
+    assert!(gw
+        .gateway
+        .router
+        .pins
+        .get("accumulate", &tensorgate::protocol::SequenceId::Uint(7))
+        .is_none());
+    // The client starts it again.
+    let r = accumulate(&client, &b, 7, true, false, 5).await;
+    assert_eq!((r.status, r.output_int("OUTPUT0")), (200, Some(5)));
     gw.shutdown().await;
 }

@@ -192,6 +192,27 @@ impl Attempt<'_> {
                     "is unavailable; the sequence's state is lost",
                 ));
             }
+            if failure.rejected
+                && !pinned_now
+                && !options.sequence_start
+                && forgot_the_sequence(failure.error.message())
+            {
+                // The backend that holds this live sequence answers that it does not know
+                // it: it restarted (too fast for a health check to see it gone) and lost
+                // the state. That is no fault of the client's request: the same answer as
+                // for a backend found gone, and the sequence is forgotten everywhere.
+                let id = self.sequence();
+                gw.router.pins.remove(model, id);
+                if let Some(store) = store {
+                    store.forget(model, id).await;
+                }
+                return Err(crate::routing::sequence_lost(
+                    model,
+                    id,
+                    &backend.key,
+                    "no longer knows the sequence (it restarted?); the sequence's state is lost",
+                ));
+            }
             if failure.rejected {
                 // Refused (a continuation no backend knows, a bad start): the pins this
                 // request made hold nothing. A client sending ids nothing accepts must not
@@ -582,4 +603,10 @@ fn backend_status_error(
     } else {
         GatewayError::Backend { status, message }
     }
+}
+
+/// Whether a backend's refusal says it does not know the request's sequence: Triton's words
+/// for a continuation of a sequence it holds no state for, which tensorgate's workers use too.
+fn forgot_the_sequence(message: &str) -> bool {
+    message.contains("must specify the START flag")
 }
