@@ -171,5 +171,14 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
     // The client starts it again.
     let r = accumulate(&client, &b, 7, true, false, 5).await;
     assert_eq!((r.status, r.output_int("OUTPUT0")), (200, Some(5)));
+    // A request of an id no replica pinned, an end included, is the client's: a 400.
+    for end in [false, true] {
+        let r = accumulate(&client, &b, 99, false, end, 1).await;
+        assert_eq!(
+            (r.status, r.error()),
+            (400, Some("inference request for sequence 99 to model 'accumulate' must specify the START flag on the first request of the sequence")),
+            "end {end}"
+        );
+    }
     gw.shutdown().await;
 }

@@ -126,6 +126,9 @@ pub struct Route<C> {
     /// This request pinned the sequence (it had no pin here): a pin to forget if no backend
     /// takes the request, so that requests nothing accepts do not fill the pin table.
     pub pinned_now: bool,
+    /// The route is a pin held before this request: as far as this replica knows, the
+    /// sequence is live on that backend.
+    pub followed_pin: bool,
 }
 
 pub struct Router {
@@ -153,6 +156,7 @@ impl Router {
                 backend,
                 fallbacks: Vec::new(),
                 pinned_now: false,
+                followed_pin: false,
             });
         };
         if !opts.sequence_start {
@@ -165,6 +169,7 @@ impl Router {
                         backend: h.clone(),
                         fallbacks: Vec::new(),
                         pinned_now: false,
+                        followed_pin: true,
                     }),
                     None => {
                         self.pins.remove(model, id);
@@ -210,6 +215,7 @@ impl Router {
             backend: chosen,
             fallbacks,
             pinned_now: !opts.sequence_end,
+            followed_pin: false,
         })
     }
 

@@ -131,7 +131,7 @@ impl Attempt<'_> {
                 }
             }
             let backend = route.backend.clone();
-            let pinned_now = route.pinned_now;
+            let (pinned_now, followed_pin) = (route.pinned_now, route.followed_pin);
             let outcome = match self.on(&backend, &labels, obs).await {
                 Err(f) if f.rejected && !route.fallbacks.is_empty() => {
                     self.fall_back(route, f, &labels, obs).await
@@ -193,7 +193,7 @@ impl Attempt<'_> {
                 ));
             }
             if failure.rejected
-                && !pinned_now
+                && followed_pin
                 && !options.sequence_start
                 && forgot_the_sequence(failure.error.message())
             {
@@ -275,6 +275,7 @@ impl Attempt<'_> {
                     backend: h.clone(),
                     fallbacks: Vec::new(),
                     pinned_now: true,
+                    followed_pin: false,
                 })
             }
             // Not usable here: the start runs on the route's backend, stored once served.
