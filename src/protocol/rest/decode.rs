@@ -135,7 +135,7 @@ fn describe_json_error(
 ) -> ProtocolError {
     let inner = err.inner().to_string();
     let hint = non_finite_hint(json, err.inner());
-    let path = err.path().to_string();
+    let path = shorten_path(err.path().to_string());
     // Find "inputs[3]" or "outputs[0]" at the head of the path and name that tensor.
     let mut segments = path.splitn(2, '.');
     let head = segments.next().unwrap_or("");
@@ -178,6 +178,20 @@ fn describe_json_error(
             "invalid JSON {what}: field '{path}': {inner}{hint}"
         ))
     }
+}
+
+/// A field path as an error message shows it: a value nested past the parser's depth limit
+/// has a path of a hundred `[0]`s, which would make the message mostly path.
+fn shorten_path(path: String) -> String {
+    const KEEP: usize = 60;
+    if path.len() <= KEEP + 20 {
+        return path;
+    }
+    let mut cut = KEEP;
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}... ({} more characters)", &path[..cut], path.len() - cut)
 }
 
 /// What a well-formed JSON document that is not an object is, for the error that says so.
@@ -637,6 +651,26 @@ mod tests {
 
     fn input(fields: &str) -> String {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
+    }
+
+    /// A parameter nested past the depth limit: the message names where, briefly.
+    #[test]
+    fn a_deep_path_is_shortened() {
+        let deep = format!(
+            r#"{{"inputs":[],"parameters":{{"p":{}1{}}}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let e = err(&deep);
+        assert!(e.len() < 200, "{e}");
+        assert!(
+            e.starts_with("invalid JSON request: field 'parameters.p[0][0][0]"),
+            "{e}"
+        );
+        assert!(
+            e.contains("... (327 more characters)': recursion limit exceeded"),
+            "{e}"
+        );
     }
 
     /// Shared memory is refused by name on inputs and requested outputs, never ignored.
