@@ -485,8 +485,8 @@ async fn pins_expire_after_the_idle_timeout_and_end_with_the_sequence() {
 }
 
 /// A sequence request that no backend takes leaves no key that its own claim created (a
-/// client sending ids nothing accepts must not fill Redis for an idle timeout), and removes
-/// none that another replica stored.
+/// client sending ids nothing accepts must not fill Redis for an idle timeout); a sequence
+/// another replica stored on a backend that no longer knows it is lost, and its key goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_sequence_request_leaves_no_key() {
     let redis = Redis::start().await;
@@ -508,7 +508,8 @@ async fn a_refused_sequence_request_leaves_no_key() {
     assert_eq!(redis.keys(), Vec::<String>::new());
     assert!(gw.gateway.router.pins.is_empty());
 
-    // Another replica's claim for a sequence this backend does not know: refused, and kept.
+    // Another replica stored the sequence on a backend that does not know it (it restarted):
+    // the state is lost, which is no fault of the client's (503), and the key goes.
     let key = format!("{PREFIX}accumulate:u:44");
     let mut c = redis.client().get_connection().unwrap();
     let () = redis::cmd("SET")
@@ -518,10 +519,13 @@ async fn a_refused_sequence_request_leaves_no_key() {
         .unwrap();
     let r = accumulate(&client, &b, 44, false, false, 1).await;
     assert_eq!(
-        (r.status, r.backend.as_deref()),
-        (400, Some(workers[0].name.as_str()))
+        (r.status, r.error()),
+        (
+            503,
+            Some(format!("the backend of sequence 44 of model 'accumulate' ({}) no longer knows the sequence (it restarted, or the sequence was idle past its timeout); the sequence's state is lost", workers[0].url).as_str())
+        )
     );
-    assert_eq!(redis.get(&key).as_deref(), Some(workers[0].url.as_str()));
+    assert_eq!(redis.get(&key), None);
 
     // A start is stored.
     let r = accumulate(&client, &b, 45, true, false, 1).await;

@@ -141,7 +141,12 @@ async fn a_worker_killed_under_stateless_load_fails_no_request() {
 async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
     let mut worker = Worker::start("w0", "127.0.0.1", 0, &["accumulate"]).await;
     let port = worker.port;
-    let gw = start_gateway(gateway_config(&[&worker], "refresh_interval_ms = 60000")).await;
+    let gw = tensorgate::run::start(
+        gateway_config(&[&worker], "refresh_interval_ms = 60000"),
+        true,
+    )
+    .await
+    .expect("the gateway starts");
     let (client, b) = (http_client(), base(&gw));
     let r = accumulate(&client, &b, 7, true, false, 3).await;
     assert_eq!(r.status, 200, "{r:?}");
@@ -155,7 +160,7 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
             503,
             Some(
                 format!(
-                    "the backend of sequence 7 of model 'accumulate' ({}) no longer knows the sequence (it restarted?); the sequence's state is lost",
+                    "the backend of sequence 7 of model 'accumulate' ({}) no longer knows the sequence (it restarted, or the sequence was idle past its timeout); the sequence's state is lost",
                     worker.url
                 )
                 .as_str()
@@ -168,6 +173,20 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
         .pins
         .get("accumulate", &tensorgate::protocol::SequenceId::Uint(7))
         .is_none());
+    // Counted as the backend's failure, not the client's.
+    let m = scrape(&gw).await;
+    let failures = |reason: &str| {
+        let series = format!(
+            "nv_inference_request_failure{{model=\"accumulate\",reason=\"{reason}\",version=\"1\"}}"
+        );
+        m.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(|v| v.trim().to_string())
+    };
+    assert_eq!(
+        (failures("BACKEND").as_deref(), failures("REJECTED")),
+        (Some("1"), None)
+    );
     // The client starts it again.
     let r = accumulate(&client, &b, 7, true, false, 5).await;
     assert_eq!((r.status, r.output_int("OUTPUT0")), (200, Some(5)));

@@ -131,7 +131,13 @@ impl Attempt<'_> {
                 }
             }
             let backend = route.backend.clone();
-            let (pinned_now, followed_pin) = (route.pinned_now, route.followed_pin);
+            // Routed by a pin: one this replica held, or one another replica stored for
+            // this backend (the claim found it there).
+            let followed_pin = route.followed_pin
+                || claimed
+                    .as_ref()
+                    .is_some_and(|c| !c.created && c.holder == backend.key);
+            let pinned_now = route.pinned_now;
             let outcome = match self.on(&backend, &labels, obs).await {
                 Err(f) if f.rejected && !route.fallbacks.is_empty() => {
                     self.fall_back(route, f, &labels, obs).await
@@ -183,14 +189,9 @@ impl Attempt<'_> {
                 continue;
             }
             if failure.retry == Retry::Anywhere && !may_move {
-                let id = options.sequence_id.as_ref().expect("in a sequence");
-                gw.router.pins.remove(model, id);
-                return Err(crate::routing::sequence_lost(
-                    model,
-                    id,
-                    &backend.key,
-                    "is unavailable; the sequence's state is lost",
-                ));
+                return Err(self
+                    .lose_sequence(&backend, "is unavailable; the sequence's state is lost")
+                    .await);
             }
             if failure.rejected
                 && followed_pin
@@ -198,20 +199,16 @@ impl Attempt<'_> {
                 && forgot_the_sequence(failure.error.message())
             {
                 // The backend that holds this live sequence answers that it does not know
-                // it: it restarted (too fast for a health check to see it gone) and lost
-                // the state. That is no fault of the client's request: the same answer as
-                // for a backend found gone, and the sequence is forgotten everywhere.
-                let id = self.sequence();
-                gw.router.pins.remove(model, id);
-                if let Some(store) = store {
-                    store.forget(model, id).await;
-                }
-                return Err(crate::routing::sequence_lost(
-                    model,
-                    id,
-                    &backend.key,
-                    "no longer knows the sequence (it restarted?); the sequence's state is lost",
-                ));
+                // it: it restarted (too fast for a health check to see it gone), or the
+                // sequence sat idle past the backend's own timeout. Either way the state is
+                // gone through no fault of the client's request: the same answer as for a
+                // backend found gone.
+                return Err(self
+                    .lose_sequence(
+                        &backend,
+                        "no longer knows the sequence (it restarted, or the sequence was idle past its timeout); the sequence's state is lost",
+                    )
+                    .await);
             }
             if failure.rejected {
                 // Refused (a continuation no backend knows, a bad start): the pins this
@@ -226,6 +223,17 @@ impl Attempt<'_> {
             }
             return Err(failure.error);
         }
+    }
+
+    /// A live sequence whose state `backend` no longer holds (`why`): its pin goes, here and
+    /// in the store, so that no replica sends it there again, and the answer says so.
+    async fn lose_sequence(&self, backend: &BackendHandle, why: &str) -> GatewayError {
+        let (gw, model, id) = (self.gw, self.model, self.sequence());
+        gw.router.pins.remove(model, id);
+        if let Some(store) = &gw.pin_store {
+            store.forget(model, id).await;
+        }
+        crate::routing::sequence_lost(model, id, &backend.key, why)
     }
 
     /// The request's sequence id; called only inside a sequence.
