@@ -268,10 +268,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (config, with_metrics, reload) = match cli.command {
         Command::CheckConfig { file } => {
-            return match Config::load(&file) {
-                Ok(config) => {
-                    // Read again for the lines of the keys that name unreadable files.
-                    let text = std::fs::read_to_string(&file).unwrap_or_default();
+            return match Config::load_with_text(&file) {
+                Ok((config, text)) => {
                     let unreadable = tensorgate::config::unreadable_files(&config, &text);
                     if !unreadable.is_empty() {
                         print_errors(&file, &unreadable);

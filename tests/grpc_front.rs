@@ -995,10 +995,9 @@ async fn cancelling_a_stream_cancels_its_requests_in_flight() {
         .await,
         "the calls in flight end with the stream"
     );
-    // Each is counted, as a call the client cancelled.
-    let cancelled = gw
-        .gateway
-        .metrics
+    // Each is counted, as a call the client cancelled, and against its model.
+    let metrics = &gw.gateway.metrics;
+    let cancelled = metrics
         .grpc_requests
         .with_label_values(&[
             "/inference.GRPCInferenceService/ModelStreamInfer",
@@ -1006,6 +1005,11 @@ async fn cancelling_a_stream_cancels_its_requests_in_flight() {
         ])
         .get();
     assert_eq!(cancelled, 2);
+    let canceled = metrics
+        .nv_failure
+        .with_label_values(&["m", "", "CANCELED"])
+        .get();
+    assert_eq!(canceled, 2);
     gw.shutdown().await;
 }
 

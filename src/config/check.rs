@@ -30,9 +30,9 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// The line of the key that a message about a value starts with (`limits.max_json_depth
 /// must be ...`, `fleet.pins.url: ...`); for a key the file leaves out (a required one, or a
 /// default that another value conflicts with), the line of the table it belongs in, if any.
-fn line_of_key(text: &str, message: &str) -> Option<usize> {
+fn line_of_key(doc: &toml_edit::ImDocument<&str>, message: &str) -> Option<usize> {
     let path = message.split([' ', ':']).next()?;
-    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let text = doc.raw();
     let mut table: &dyn toml_edit::TableLike = doc.as_table();
     let mut line = None;
     for segment in path.split('.') {
@@ -200,12 +200,13 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             });
         }
     }
+    let doc = toml_edit::ImDocument::parse(text).ok();
     errors.extend(
         check_pins(&config.fleet.pins)
             .into_iter()
             .chain(check_bounds(&config))
             .map(|message| ConfigError {
-                line: line_of_key(text, &message),
+                line: doc.as_ref().and_then(|d| line_of_key(d, &message)),
                 message,
             }),
     );
@@ -504,8 +505,10 @@ pub fn unreadable_files(config: &Config, text: &str) -> Vec<ConfigError> {
         })
         .collect();
     errors.extend(errors_dirs);
-    for e in &mut errors {
-        e.line = line_of_key(text, &e.message);
+    if let Ok(doc) = toml_edit::ImDocument::parse(text) {
+        for e in &mut errors {
+            e.line = line_of_key(&doc, &e.message);
+        }
     }
     errors
 }

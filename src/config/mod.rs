@@ -460,13 +460,18 @@ impl Config {
     }
 
     pub fn load(path: &Path) -> Result<Config, Vec<ConfigError>> {
+        Config::load_with_text(path).map(|(config, _)| config)
+    }
+
+    /// The config and the text it was read from (for the lines of later messages).
+    pub fn load_with_text(path: &Path) -> Result<(Config, String), Vec<ConfigError>> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             vec![ConfigError {
                 line: None,
                 message: format!("cannot read {}: {e}", path.display()),
             }]
         })?;
-        parse_and_check(&text)
+        parse_and_check(&text).map(|config| (config, text))
     }
 
     /// Replaces the backends with the `--backend` URLs of the command line.

@@ -66,6 +66,21 @@ impl Drop for Raised {
 }
 
 impl Gateway {
+    /// Sets the model (and version) of a request its handler did not observe (a layer
+    /// answered it, or its client went away): only a model the gateway serves and a version
+    /// it lists, so that a name the client made up opens no series.
+    pub fn observe_model(
+        &self,
+        model: String,
+        version: Option<String>,
+        obs: &mut observe::Observation,
+    ) {
+        if let Some(entry) = self.fleet.catalog().get(&model) {
+            obs.version = version.filter(|v| entry.metadata.versions.contains(v));
+            obs.model = Some(model);
+        }
+    }
+
     /// Fails when a configured label file cannot be read.
     pub fn new(
         config: Arc<Config>,

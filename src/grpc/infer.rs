@@ -124,8 +124,16 @@ pub(super) async fn call(
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
-    let abandoned = Abandoned::new(|| went_away(gw, INFER_PATH, start, WENT_AWAY));
+    let request_id = headers.get(REQUEST_ID).cloned();
+    let abandoned = Abandoned::new(|| {
+        let what = Abandon {
+            request_id: request_id.clone(),
+            model: None,
+        };
+        went_away(gw, INFER_PATH, start, WENT_AWAY, what)
+    });
     let mut obs = Observation::new(Protocol::Grpc);
+    obs.request_id = request_id.clone();
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
         let ctx = RpcContext::from_headers(headers, arrived)?;
@@ -163,7 +171,6 @@ async fn infer_one(
 ) -> Result<pb::ModelInferResponse, GatewayError> {
     let config = gw.config();
     obs.bytes_in = msg.encoded_len() as u64;
-    obs.request_id = ctx.request_id.clone();
     let model = msg.model_name.clone();
     let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
     let (entry, _pending) = core::begin(gw, &model, version.as_deref(), obs)?;
@@ -263,21 +270,45 @@ fn finish(
 /// The access-log message of a stream's request that was in flight when the stream ended.
 const STREAM_ENDED: &str = "the stream ended before the answer (the client cancelled it or went away, or an earlier message could not be read)";
 
+/// What a call that ended before its answer is known by: the client's request id, and the
+/// model and version its message names once it has been read.
+#[derive(Default)]
+struct Abandon {
+    request_id: Option<HeaderValue>,
+    model: Option<(String, Option<String>)>,
+}
+
 /// A ModelInfer, or one message of a stream, whose call ended before the answer (the
-/// transport dropped its future): its access line and count, CANCELLED. The model is not
-/// known if the message was still being read, so no model's series counts it.
-fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str) {
+/// transport dropped its future): its access line and count, CANCELLED, and, once its
+/// message named a model the gateway serves, that model's CANCELED failure (as REST counts
+/// a client that went away).
+fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str, what: Abandon) {
+    let elapsed = start.elapsed();
     gw.metrics
         .grpc_requests
         .with_label_values(&[path, code_name(tonic::Code::Cancelled)])
         .inc();
+    let mut obs = Observation::new(Protocol::Grpc);
+    obs.request_id = what.request_id;
+    if let Some((model, version)) = what.model {
+        gw.observe_model(model, version, &mut obs);
+        obs.failure = Some(crate::metrics::FailureReason::Canceled);
+        record_infer(
+            &gw.metrics,
+            &gw.stats,
+            &obs,
+            crate::gateway::observe::CLIENT_CLOSED,
+            elapsed,
+            0,
+        );
+    }
     access_log(
         "gRPC",
         path,
-        &Observation::new(Protocol::Grpc),
+        &obs,
         tonic::Code::Cancelled as u32,
         0,
-        start.elapsed(),
+        elapsed,
         Some(why),
     );
 }
@@ -373,10 +404,7 @@ pub fn stream(
                     Some((wait, done)) => (wait, Some(done)),
                     None => (None, None),
                 };
-                if let Some(previous) = wait {
-                    let _ = previous.await;
-                }
-                let answer = stream_message(&gw, msg, ctx).await;
+                let answer = stream_message(&gw, msg, ctx, wait).await;
                 drop(done);
                 Ok(answer)
             }
@@ -396,16 +424,34 @@ pub fn stream(
     Box::pin(answers)
 }
 
-/// One message of a stream: an error answers that message alone, and the stream goes on.
+/// One message of a stream, after `turn` (the end of the message before it in its
+/// sequence): an error answers that message alone, and the stream goes on.
 async fn stream_message(
     gw: &Gateway,
     msg: pb::ModelInferRequest,
     ctx: Result<RpcContext, GatewayError>,
+    turn: Option<oneshot::Receiver<()>>,
 ) -> pb::ModelStreamInferResponse {
     let start = Instant::now();
+    let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
+    let model = (
+        msg.model_name.clone(),
+        Some(msg.model_version.clone()).filter(|v| !v.is_empty()),
+    );
+    // Armed before the wait for its turn: a message cut off while it waits is counted too.
+    let abandoned = Abandoned::new(|| {
+        let what = Abandon {
+            request_id: request_id.clone(),
+            model: Some(model),
+        };
+        went_away(gw, STREAM_PATH, start, STREAM_ENDED, what)
+    });
+    if let Some(previous) = turn {
+        let _ = previous.await;
+    }
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
-    let abandoned = Abandoned::new(|| went_away(gw, STREAM_PATH, start, STREAM_ENDED));
     let mut obs = Observation::new(Protocol::Grpc);
+    obs.request_id = request_id.clone();
     let id = msg.id.clone();
     let result = async {
         let ctx = ctx?;

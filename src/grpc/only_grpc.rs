@@ -24,10 +24,12 @@ fn refusal<B>(req: &Request<B>) -> Option<(StatusCode, &'static str)> {
             "this is tensorgate's gRPC port, and gRPC needs HTTP/2; the v2 REST API is on the REST port (server.listen)\n",
         ));
     }
+    // `application/grpc`, or with a subtype (`+proto`) or parameters; not grpc-web.
     let grpc = req
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        .and_then(|v| v.as_bytes().strip_prefix(b"application/grpc"))
+        .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')));
     (!grpc).then_some((
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "this is tensorgate's gRPC port: requests need content-type application/grpc; the v2 REST API is on the REST port (server.listen)\n",
@@ -81,7 +83,12 @@ mod tests {
         for ct in ["application/grpc", "application/grpc+proto"] {
             assert_eq!(refusal(&request(Version::HTTP_2, Some(ct))), None, "{ct}");
         }
-        for ct in [None, Some("application/json"), Some("text/plain")] {
+        for ct in [
+            None,
+            Some("application/json"),
+            Some("text/plain"),
+            Some("application/grpc-web"),
+        ] {
             assert_eq!(
                 refusal(&request(Version::HTTP_2, ct)).map(|r| r.0),
                 Some(StatusCode::UNSUPPORTED_MEDIA_TYPE),

@@ -16,8 +16,9 @@ use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 
 /// Get-or-claim for every key: the holder of KEYS[i] if there is one (its TTL renewed,
-/// since a request uses it), else false (a nil reply) after storing ARGV[i + 1] with the TTL
-/// ARGV[1]. Redis runs a script atomically, so two replicas that claim at once agree on the
+/// since a request uses it), else '' after storing ARGV[i + 1] with the TTL ARGV[1] (an
+/// empty string reads the same in RESP2 and RESP3, where Lua's false would not; no backend
+/// key is empty). Redis runs a script atomically, so two replicas that claim at once agree on the
 /// first, and a key that appears twice in a batch gets the first claim's backend both times
 /// (the second as a holder).
 const CLAIM_ALL: &str = r"
@@ -29,7 +30,7 @@ for i, key in ipairs(KEYS) do
     holders[i] = holder
   else
     redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
-    holders[i] = false
+    holders[i] = ''
   end
 end
 return holders
@@ -131,11 +132,11 @@ async fn run(
             call.key(&claim.key).arg(&claim.backend);
         }
         round_trips.inc();
-        let answer: Result<Vec<Option<String>>, String> = call
+        let answer: Result<Vec<String>, String> = call
             .invoke_async(&mut conn)
             .await
             .map_err(|e| e.to_string())
-            .and_then(|holders: Vec<Option<String>>| {
+            .and_then(|holders: Vec<String>| {
                 if holders.len() == batch.len() {
                     Ok(holders)
                 } else {
@@ -149,15 +150,16 @@ async fn run(
         match answer {
             Ok(holders) => {
                 for (claim, holder) in batch.drain(..).zip(holders) {
-                    let claimed = match holder {
-                        Some(holder) => Claimed {
-                            holder,
-                            created: false,
-                        },
-                        None => Claimed {
+                    let claimed = if holder.is_empty() {
+                        Claimed {
                             holder: claim.backend,
                             created: true,
-                        },
+                        }
+                    } else {
+                        Claimed {
+                            holder,
+                            created: false,
+                        }
                     };
                     let _ = claim.reply.send(Ok(claimed));
                 }

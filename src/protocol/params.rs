@@ -138,10 +138,12 @@ impl Parameters {
     /// forwards tensors over the network and cannot read or write a region of the client's
     /// memory, so an input's data would be missing and an output's would go unwritten.
     pub fn refuse_shared_memory(&self) -> Result<()> {
-        match self
-            .iter()
-            .find(|(k, _)| k.starts_with("shared_memory_"))
-        {
+        const SHARED_MEMORY: [&str; 3] = [
+            "shared_memory_region",
+            "shared_memory_byte_size",
+            "shared_memory_offset",
+        ];
+        match self.iter().find(|(k, _)| SHARED_MEMORY.contains(k)) {
             None => Ok(()),
             Some((key, _)) => Err(ProtocolError::invalid(format!(
                 "parameter '{key}': shared memory is not supported (the gateway forwards tensors over the network); send the tensor's data in the request, and take outputs in the response"

@@ -18,17 +18,17 @@ use crate::protocol::{
     InferResponse, RequestBody, HEADER_CONTENT_LENGTH,
 };
 
-/// Checks `Inference-Header-Content-Length` before the body is read: sent once at most (two
-/// values that disagree leave no right one to pick), a number, and within the JSON limit,
+/// Checks `Inference-Header-Content-Length` before the body is read: one value (repeated
+/// lines must agree, or there is no right one to pick), a number, and within the JSON limit,
 /// so that a body is not read for a header the limit refuses anyway.
 pub fn check_header_length(headers: &http::HeaderMap, max_json: usize) -> Result<(), GatewayError> {
     let mut values = headers.get_all(HEADER_CONTENT_LENGTH).iter();
     let Some(first) = values.next() else {
         return Ok(());
     };
-    if values.next().is_some() {
+    if values.any(|v| v != first) {
         return Err(GatewayError::BadRequest(format!(
-            "Inference-Header-Content-Length is sent {} times; send it once",
+            "Inference-Header-Content-Length is sent {} times with different values; send it once",
             headers.get_all(HEADER_CONTENT_LENGTH).iter().count()
         )));
     }

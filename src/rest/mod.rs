@@ -201,15 +201,10 @@ fn went_away(
 }
 
 /// The model (and version) an inference's path names, for one the handler did not observe
-/// (a layer answered it, or its client went away): set only for a model the gateway serves
-/// and a version it lists, so that a name the client made up opens no series.
+/// (see `Gateway::observe_model`).
 fn model_of_path(gw: &Gateway, method: &http::Method, path: &str, obs: &mut observe::Observation) {
     if let Ok(routes::Route::Infer { model, version }) = routes::route(method, path) {
-        if let Some(entry) = gw.fleet.catalog().get(&model) {
-            // Only a version the model lists becomes a label value.
-            obs.version = version.filter(|v| entry.metadata.versions.contains(v));
-            obs.model = Some(model);
-        }
+        gw.observe_model(model, version, obs);
     }
 }
 

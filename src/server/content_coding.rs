@@ -34,7 +34,9 @@ where
 /// Anything else (identity, several codings, codings we do not decode) stays as sent, for
 /// the edge to accept or refuse by name.
 fn canonical_coding(headers: &mut HeaderMap) {
-    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+    let mut values = headers.get_all(header::CONTENT_ENCODING).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        // None, or several header lines: stacked codings, refused by name at the edge.
         return;
     };
     let sent = value.as_bytes().trim_ascii();
@@ -65,6 +67,16 @@ mod tests {
         );
         canonical_coding(&mut h);
         h[header::CONTENT_ENCODING].to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn several_header_lines_stay_as_sent() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONTENT_ENCODING, HeaderValue::from_static("GZIP"));
+        h.append(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
+        canonical_coding(&mut h);
+        let values: Vec<_> = h.get_all(header::CONTENT_ENCODING).iter().collect();
+        assert_eq!(values, ["GZIP", "br"]);
     }
 
     #[test]
