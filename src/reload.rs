@@ -72,6 +72,9 @@ pub async fn run(
         }
     };
     let mut last = watch.as_ref().and_then(fingerprint);
+    // The tokens file, as the config in force names it, and how it read when last loaded.
+    let tokens_file = || gateway.config().auth.tokens_file.clone();
+    let mut last_tokens = tokens_file().as_ref().and_then(fingerprint);
     let mut tick = tokio::time::interval(POLL_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -79,13 +82,24 @@ pub async fn run(
                         _ = hup.recv() => {
                 apply(&gateway, &load, "SIGHUP").await;
                 last = watch.as_ref().and_then(fingerprint);
+                last_tokens = tokens_file().as_ref().and_then(fingerprint);
                 if let Some(t) = &tls {
                     reload_tls(t, Some(t.reload()), "SIGHUP");
                 }
             }
-            _ = tick.tick(), if watch.is_some() || tls.is_some() => {
+            _ = tick.tick() => {
                 if let Some(t) = &tls {
                     reload_tls(t, t.reload_if_changed(), "file change");
+                }
+                // A revoked token must stop working without a signal (a Kubernetes Secret
+                // is updated in place), as certificates do.
+                let tokens_now = tokens_file().as_ref().and_then(fingerprint);
+                if tokens_now.is_some() && tokens_now.map(|f| f.1) != last_tokens.map(|f| f.1) {
+                    last_tokens = tokens_now;
+                    match gateway.reload_tokens() {
+                        Ok(()) => tracing::info!(trigger = "file change", "auth tokens reloaded"),
+                        Err(e) => tracing::error!(trigger = "file change", error = %e, "auth tokens reload failed; keeping the old tokens"),
+                    }
                 }
                 if watch.is_none() {
                     continue;
@@ -95,6 +109,7 @@ pub async fn run(
                 if now.is_some() && now.map(|f| f.1) != last.map(|f| f.1) {
                     last = now;
                     apply(&gateway, &load, "file change").await;
+                    last_tokens = tokens_file().as_ref().and_then(fingerprint);
                 }
             }
         }

@@ -449,6 +449,19 @@ async fn complete_identity_response(r: reqwest::Response) -> Result<(), String> 
     Ok(())
 }
 
+/// `tensorgate serve --config config`, once ready on `port`.
+async fn serve_ready(config: &std::path::Path, port: u16) -> Child {
+    let gw = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&format!("http://127.0.0.1:{port}/v2/health/ready")).await;
+    gw
+}
+
 async fn wait_ready(url: &str) {
     for _ in 0..200 {
         if let Ok(r) = reqwest::get(url).await {
@@ -616,14 +629,7 @@ async fn sigterm_under_load_drops_no_request() {
         ),
     )
     .unwrap();
-    let mut gw = Child(
-        std::process::Command::new(bin)
-            .args(["serve", "--config", config.to_str().unwrap()])
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap(),
-    );
-    wait_ready(&format!("http://127.0.0.1:{gp}/v2/health/ready")).await;
+    let mut gw = serve_ready(&config, gp).await;
 
     // Large enough requests that some are in flight when the signal arrives.
     let data: Vec<f32> = (0..200_000).map(|i| i as f32 * 0.5).collect();
@@ -721,4 +727,49 @@ async fn sigterm_under_load_drops_no_request() {
     };
     assert!(status.success(), "exit status {status:?}");
     let _ = std::fs::remove_file(&config);
+}
+
+/// The tokens file is watched as certificates are: a rotated Secret takes effect without a
+/// signal, so a revoked token stops working; comment lines are not tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
+    let gp = free_port();
+    let dir = std::env::temp_dir().join(format!("tg-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, "# the first token\nold-token\n").unwrap();
+    let config = dir.join("tensorgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\n\
+             [auth]\ntokens_file = {:?}\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
+            tokens.display().to_string()
+        ),
+    )
+    .unwrap();
+    let _gw = serve_ready(&config, gp).await;
+    let client = reqwest::Client::new();
+    let status = |token: &'static str| {
+        let req = client
+            .get(format!("http://127.0.0.1:{gp}/v2"))
+            .bearer_auth(token);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status("old-token").await, 200);
+    assert_eq!(status("# the first token").await, 401);
+
+    std::fs::write(&tokens, "new-token\n").unwrap();
+    // The file is polled every 2 s; the wait is bounded.
+    let mut rotated = false;
+    for _ in 0..50 {
+        if status("old-token").await == 401 {
+            rotated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(rotated, "the revoked token still works");
+    assert_eq!(status("new-token").await, 200);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,8 +6,14 @@ use crate::config::AuthConfig;
 #[derive(Default)]
 pub struct Tokens(Vec<Vec<u8>>);
 
+/// Tokens separated by commas or line breaks. A line that starts with `#` is a comment:
+/// operators annotate secret files, and a comment taken as a token would be a password that
+/// nobody meant to set.
 fn split(text: &str) -> impl Iterator<Item = Vec<u8>> + '_ {
-    text.split([',', '\n'])
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .flat_map(|line| line.split(','))
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .map(|t| t.as_bytes().to_vec())
@@ -76,6 +82,9 @@ mod tests {
         assert!(t.accepts(Some(&h("bearer gamma"))));
         assert!(!t.accepts(Some(&h("Bearer delta"))));
         assert!(!t.accepts(Some(&h("Basic alpha"))));
+        let commented: Vec<Vec<u8>> =
+            split("# rotated 2026-11, old one below\n  #old\none, two\n\nthree").collect();
+        assert_eq!(commented, [&b"one"[..], b"two", b"three"]);
         assert!(!t.accepts(None));
         assert!(Tokens::load(&AuthConfig::default()).unwrap().is_none());
         let e = Tokens::load(&AuthConfig {

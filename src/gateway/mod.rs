@@ -129,6 +129,13 @@ impl Gateway {
         result
     }
 
+    /// Reads the tokens again (the tokens file changed); on failure the old ones stay.
+    pub fn reload_tokens(&self) -> Result<(), String> {
+        let tokens = auth::Tokens::load(&self.config().auth)?;
+        self.tokens.store(Arc::new(tokens));
+        Ok(())
+    }
+
     async fn apply_config(&self, config: Config) -> Result<(), String> {
         let _serial = self.reload_lock.lock().await;
         let labels = labels::Labels::load(&config)?;
