@@ -275,6 +275,25 @@ fn main() -> ExitCode {
                         print_errors(&file, &unreadable);
                         return ExitCode::FAILURE;
                     }
+                    // The TLS files as serve builds them: a key that does not match its
+                    // certificate, or a CA file without a certificate, reads fine as a file.
+                    let mut tls = Vec::new();
+                    if let Some(t) = &config.server.tls {
+                        if let Err(e) = tensorgate::tls::server_config(t) {
+                            tls.push(format!("server.tls: {e}"));
+                        }
+                    }
+                    if let Err(e) = tensorgate::tls::client_config(&config.fleet.tls) {
+                        tls.push(format!("fleet.tls: {e}"));
+                    }
+                    if !tls.is_empty() {
+                        let errors: Vec<_> = tls
+                            .into_iter()
+                            .map(|m| tensorgate::config::error_at_key(&text, m))
+                            .collect();
+                        print_errors(&file, &errors);
+                        return ExitCode::FAILURE;
+                    }
                     println!("{}: ok", file.display());
                     ExitCode::SUCCESS
                 }

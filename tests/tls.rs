@@ -396,3 +396,49 @@ async fn https_backend_with_custom_ca_and_client_certificate() {
     gw.shutdown().await;
     worker.shutdown().await;
 }
+
+/// check-config builds the TLS configs as serve does: a key that does not match its
+/// certificate, or a client CA file without a certificate, fails the check (each file reads
+/// fine on its own), with the line of the table that names them.
+#[test]
+fn check_config_refuses_tls_files_serve_would_refuse() {
+    let pki = Pki::new("check-tls");
+    let (cert, _) = pki.issue("server", &["127.0.0.1"], false);
+    let (_, other_key) = pki.issue("other", &["127.0.0.1"], false);
+    let config = cert.parent().unwrap().join("mismatch.toml");
+    let check = |client_ca: Option<&Path>| {
+        let mut text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[server.tls]\ncert = {:?}\nkey = {:?}\n",
+            cert.display().to_string(),
+            other_key.display().to_string(),
+        );
+        if let Some(ca) = client_ca {
+            text.push_str(&format!("client_ca = {:?}\n", ca.display().to_string()));
+        }
+        std::fs::write(&config, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+            .args(["check-config", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).trim_end().to_string()
+    };
+    assert_eq!(
+        check(Some(&other_key)),
+        format!(
+            "{}:4: server.tls: {} holds no certificate",
+            config.display(),
+            other_key.display()
+        )
+    );
+    let err = check(None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:4: server.tls: certificate {} and key {} do not form a valid pair: ",
+            config.display(),
+            cert.display(),
+            other_key.display()
+        )),
+        "{err}"
+    );
+}

@@ -48,6 +48,16 @@ fn line_of_key(doc: &toml_edit::ImDocument<&str>, message: &str) -> Option<usize
     line
 }
 
+/// An error about the value of the key its message starts with (`server.tls: ...`), with
+/// that key's line in `text`: for checks made outside this module (TLS files, which the
+/// `tls` module reads).
+pub fn error_at_key(text: &str, message: String) -> ConfigError {
+    let line = toml_edit::ImDocument::parse(text)
+        .ok()
+        .and_then(|doc| line_of_key(&doc, &message));
+    ConfigError { line, message }
+}
+
 /// At most this many schema errors are collected before giving up.
 const MAX_SCHEMA_ERRORS: usize = 50;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use check::{parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS};
+pub use check::{error_at_key, parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS};
 pub use restart::restart_only_changes;
 
 /// The default config, embedded so that `tensorgate serve` runs with no files around it.
