@@ -26,7 +26,8 @@ pub struct Running {
     pub tls: Option<Arc<ReloadableTls>>,
     stop: watch::Sender<bool>,
     shutdown_delay: Duration,
-    tasks: Vec<JoinHandle<()>>,
+    /// The listeners; each says whether its drain deadline passed.
+    tasks: Vec<JoinHandle<bool>>,
     /// Refresh, DNS rediscovery and the pin sweep: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
 }
@@ -46,7 +47,11 @@ impl Running {
         }
         let _ = self.stop.send(true);
         for t in self.tasks {
-            let _ = t.await;
+            if t.await.unwrap_or(false) {
+                // The requests still open are cut off as the process ends: the gateway's
+                // doing, which their records must say (not a client that went away).
+                self.gateway.mark_drain_expired();
+            }
         }
         for t in self.background {
             t.abort();

@@ -1,6 +1,7 @@
 //! Access logs, in JSON and in the plain format: each request has one access line with its
 //! method, path, model, status, backend, bytes and duration.
 
+mod common_fleet;
 mod common_grpc;
 
 use std::io::Read;
@@ -11,44 +12,78 @@ use tensorgate::protocol::grpc::pb;
 
 const BODY: &str = r#"{"parameters":{"sequence_id":9,"sequence_start":true},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[3]}]}"#;
 
+fn free_port() -> u16 {
+    common_fleet::free_port("127.0.0.1")
+}
+
+/// A `tensorgate serve` process whose stderr (its log) is kept, started from `config` (the
+/// listener is on `port`) and ready once `ready_path` answers 200.
+struct LoggingGateway {
+    child: std::process::Child,
+    base: String,
+    dir: std::path::PathBuf,
+}
+
+impl LoggingGateway {
+    async fn start(tag: &str, port: u16, config: &str, ready_path: &str) -> LoggingGateway {
+        let dir = std::env::temp_dir().join(format!("tg-logs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("tensorgate.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+            .args(["serve", "--config", cfg.to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if reqwest::get(format!("{base}{ready_path}"))
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        LoggingGateway { child, base, dir }
+    }
+
+    /// Stops it with SIGTERM (it must exit cleanly) and returns its log.
+    fn stop(mut self) -> String {
+        assert!(Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        assert!(self.child.wait().unwrap().success());
+        let mut text = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        text
+    }
+}
+
 /// Runs a gateway with `log_format`, sends it one `accumulate` request and one `simple`
 /// request it refuses, and one `simple` call over gRPC, stops it with SIGTERM and returns what it wrote to stderr, and the
 /// refusal's error message.
 async fn log_of_one_request(log_format: &str) -> (String, String) {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (port, metrics, grpc) = (free(), free(), free());
-    let dir = std::env::temp_dir().join(format!("tg-logs-{log_format}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("tensorgate.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let (port, metrics, grpc) = (free_port(), free_port(), free_port());
+    let gw = LoggingGateway::start(
+        log_format,
+        port,
+        &format!(
             "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\nlog_format = \"{log_format}\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
         ),
+        "/v2/health/ready",
     )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tensorgate"))
-        .args(["serve", "--config", cfg.to_str().unwrap()])
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if reqwest::get(format!("{base}/v2/health/ready"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    .await;
+    let base = gw.base.clone();
     let r = reqwest::Client::new()
         .post(format!("{base}/v2/models/accumulate/infer"))
         .header("x-request-id", "req-42")
@@ -82,22 +117,7 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
     call.metadata_mut()
         .insert("x-request-id", "grpc-7".parse().unwrap());
     c.model_infer(call).await.unwrap();
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let status = child.wait().unwrap();
-    assert!(status.success());
-    let mut text = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    (text, error)
+    (gw.stop(), error)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,5 +204,61 @@ async fn plain_access_logs() {
     assert!(
         rest.ends_with(" request_id=\"req-42\" error=\"-\""),
         "{rest}"
+    );
+}
+
+/// A request still in flight when the drain deadline passes is cut off by the shutdown: its
+/// access line says so, with a 503, not as a client that went away (499).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
+    let slow =
+        common_fleet::ScriptedBackend::start(common_fleet::OnInfer::Delay(Duration::from_secs(10)))
+            .await;
+    let port = free_port();
+    let gw = LoggingGateway::start(
+        "cutoff",
+        port,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\nlog_format = \"json\"\n\
+             [limits]\nshutdown_delay_ms = 0\ndrain_timeout_ms = 300\n\
+             [[backends]]\nname = \"slow\"\nurl = \"{}\"\n",
+            slow.url
+        ),
+        "/v2/models/m/ready",
+    )
+    .await;
+    let request = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("{}/v2/models/m/infer", gw.base))
+            .body(r#"{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","data":[1,2]}]}"#)
+            .send(),
+    );
+    // Bounded wait until the backend has the request, then SIGTERM.
+    for _ in 0..100 {
+        if slow.infers() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(slow.infers(), 1);
+    let text = gw.stop();
+    assert!(request.await.unwrap().is_err(), "the connection was cut");
+    let line: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v["target"] == "tensorgate::access" && v["fields"]["path"] == "/v2/models/m/infer"
+        })
+        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let f = &line["fields"];
+    assert_eq!(
+        (&f["status"], &f["model"], &f["error"]),
+        (
+            &serde_json::json!(503),
+            &serde_json::json!("m"),
+            &serde_json::json!(
+                "the gateway shut down before the answer (limits.drain_timeout_ms passed)"
+            )
+        )
     );
 }

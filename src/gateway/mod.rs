@@ -38,6 +38,7 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     pub stats: observe::Stats,
     draining: AtomicBool,
+    drain_expired: AtomicBool,
     tokens: ArcSwap<Option<auth::Tokens>>,
     /// One permit per request being handled; none left means shed (503).
     permits: Arc<tokio::sync::Semaphore>,
@@ -102,6 +103,7 @@ impl Gateway {
             metrics,
             stats: observe::Stats::default(),
             draining: AtomicBool::new(false),
+            drain_expired: AtomicBool::new(false),
             tokens: ArcSwap::from_pointee(auth::Tokens::load(&config.auth)?),
             permits: Arc::new(tokio::sync::Semaphore::new(
                 config.limits.max_concurrent_requests.max(1),
@@ -256,5 +258,20 @@ impl Gateway {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// The drain deadline passed: requests still in flight are cut off by the shutdown.
+    pub fn mark_drain_expired(&self) {
+        self.drain_expired.store(true, Ordering::Release);
+    }
+
+    /// Why a request ended before its answer, as its records say it: cut off by the
+    /// shutdown, or its client went away.
+    pub fn cut_off(&self) -> observe::CutOff {
+        if self.drain_expired.load(Ordering::Acquire) {
+            observe::CutOff::Shutdown
+        } else {
+            observe::CutOff::ClientWentAway
+        }
     }
 }

@@ -343,6 +343,46 @@ impl<F: FnOnce()> Drop for Abandoned<F> {
 /// The access-log message of a request whose client went away.
 pub const WENT_AWAY: &str = "the client went away before the answer";
 
+/// Why a request ended before its answer (its future was dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutOff {
+    /// Its client closed the connection or cancelled the call.
+    ClientWentAway,
+    /// The shutdown's drain deadline passed while it was in flight.
+    Shutdown,
+}
+
+/// The access-log message of a request cut off by the shutdown.
+pub const SHUT_DOWN: &str =
+    "the gateway shut down before the answer (limits.drain_timeout_ms passed)";
+
+impl CutOff {
+    /// The HTTP status its records carry: nginx's 499 for a client that went away, 503 for
+    /// the shutdown.
+    pub fn status(self) -> StatusCode {
+        match self {
+            CutOff::ClientWentAway => CLIENT_CLOSED,
+            CutOff::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The access line's error.
+    pub fn message(self) -> &'static str {
+        match self {
+            CutOff::ClientWentAway => WENT_AWAY,
+            CutOff::Shutdown => SHUT_DOWN,
+        }
+    }
+
+    /// The model's failure reason: the client's cancellation, or the gateway's own doing.
+    pub fn reason(self) -> FailureReason {
+        match self {
+            CutOff::ClientWentAway => FailureReason::Canceled,
+            CutOff::Shutdown => FailureReason::Other,
+        }
+    }
+}
+
 /// Records a finished inference request in the metrics and statistics.
 pub fn record_infer(
     metrics: &Metrics,

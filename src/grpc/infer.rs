@@ -16,7 +16,9 @@ use tonic::{Request, Response, Status};
 use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
-use crate::gateway::observe::{access_log, record_infer, Abandoned, Observation, Phase, WENT_AWAY};
+use crate::gateway::observe::{
+    access_log, record_infer, Abandoned, CutOff, Observation, Phase, WENT_AWAY,
+};
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
@@ -284,33 +286,23 @@ struct Abandon {
 /// a client that went away).
 fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str, what: Abandon) {
     let elapsed = start.elapsed();
+    let cut_off = gw.cut_off();
+    let (code, why) = match cut_off {
+        CutOff::ClientWentAway => (tonic::Code::Cancelled, why),
+        CutOff::Shutdown => (tonic::Code::Unavailable, cut_off.message()),
+    };
     gw.metrics
         .grpc_requests
-        .with_label_values(&[path, code_name(tonic::Code::Cancelled)])
+        .with_label_values(&[path, code_name(code)])
         .inc();
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = what.request_id;
     if let Some((model, version)) = what.model {
         gw.observe_model(model, version, &mut obs);
-        obs.failure = Some(crate::metrics::FailureReason::Canceled);
-        record_infer(
-            &gw.metrics,
-            &gw.stats,
-            &obs,
-            crate::gateway::observe::CLIENT_CLOSED,
-            elapsed,
-            0,
-        );
+        obs.failure = Some(cut_off.reason());
+        record_infer(&gw.metrics, &gw.stats, &obs, cut_off.status(), elapsed, 0);
     }
-    access_log(
-        "gRPC",
-        path,
-        &obs,
-        tonic::Code::Cancelled as u32,
-        0,
-        elapsed,
-        Some(why),
-    );
+    access_log("gRPC", path, &obs, code as u32, 0, elapsed, Some(why));
 }
 
 /// The code's name as gRPC writes it, for a label value.

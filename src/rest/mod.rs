@@ -159,9 +159,10 @@ where
     response
 }
 
-/// A request whose client went away before its answer (hyper dropped its future): its
-/// access line and counts, with nginx's 499, and against its model (if the gateway serves
-/// the one its path names) as Triton's CANCELED.
+/// A request that ended before its answer (hyper dropped its future): its access line and
+/// counts, against its model if the gateway serves the one its path names. A client that
+/// went away gets nginx's 499 and Triton's CANCELED; a request the shutdown cut off (the
+/// drain deadline passed) a 503 and OTHER, the gateway's own doing.
 fn went_away(
     gw: &Gateway,
     method: &http::Method,
@@ -173,30 +174,25 @@ fn went_away(
     let mut obs = observe::Observation::new(observe::Protocol::Rest);
     obs.request_id = request_id;
     let elapsed = start.elapsed();
+    let cut_off = gw.cut_off();
+    let status = cut_off.status();
     gw.metrics
         .requests
-        .with_label_values(&[observe::CLIENT_CLOSED.as_str()])
+        .with_label_values(&[status.as_str()])
         .inc();
     if is_infer {
         model_of_path(gw, method, path, &mut obs);
-        obs.failure = Some(crate::metrics::FailureReason::Canceled);
-        observe::record_infer(
-            &gw.metrics,
-            &gw.stats,
-            &obs,
-            observe::CLIENT_CLOSED,
-            elapsed,
-            0,
-        );
+        obs.failure = Some(cut_off.reason());
+        observe::record_infer(&gw.metrics, &gw.stats, &obs, status, elapsed, 0);
     }
     observe::access_log(
         method.as_str(),
         path,
         &obs,
-        u32::from(observe::CLIENT_CLOSED.as_u16()),
+        u32::from(status.as_u16()),
         0,
         elapsed,
-        Some(observe::WENT_AWAY),
+        Some(cut_off.message()),
     );
 }
 

@@ -107,13 +107,15 @@ impl ServeOptions {
 }
 
 /// Serves connections from `listener` with `service` until `shutdown` resolves, then lets
-/// in-flight requests finish for up to `options.drain`.
+/// in-flight requests finish for up to `options.drain`. Returns whether the deadline passed
+/// with connections still open (their requests are cut off when the process ends).
 pub async fn serve<S, ResBody>(
     listener: TcpListener,
     service: S,
     shutdown: impl Future<Output = ()>,
     options: ServeOptions,
-) where
+) -> bool
+where
     S: tower::Service<Request<Incoming>, Response = Response<ResBody>, Error = Infallible>
         + Clone
         + Send
@@ -141,12 +143,13 @@ pub async fn serve<S, ResBody>(
     connections.accept_backlog(listener, &drain);
     // Each connection now finishes the request it is reading or handling (HTTP/1 then
     // closes; h2 sends GOAWAY), and idle keep-alive connections close at once.
-    if tokio::time::timeout(options.drain, drain.shutdown())
+    let expired = tokio::time::timeout(options.drain, drain.shutdown())
         .await
-        .is_err()
-    {
+        .is_err();
+    if expired {
         tracing::warn!("drain deadline passed with connections still open");
     }
+    expired
 }
 
 /// What every connection of one listener shares.
