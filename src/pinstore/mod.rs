@@ -134,20 +134,44 @@ impl PinStore {
         tracing::info!(url = %store.url, ttl_ms = idle.as_millis() as u64, "sequence pins are shared through Redis");
         let store = Arc::new(store);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(store.clone().probe());
+            runtime.spawn(Self::watch(Arc::downgrade(&store)));
         }
         Ok(Some(store))
     }
 
-    /// Says at startup whether Redis accepts this gateway, and if not, why.
-    async fn probe(self: Arc<Self>) {
-        match self.redis.probe(STARTUP_PROBE).await {
-            Ok(()) => tracing::info!(url = %self.url, "the pin store answers"),
-            Err(e) => tracing::error!(
-                url = %self.url,
-                error = %e,
-                "the pin store cannot be used; sequences are routed as with pins in memory until it can (check the URL's password, fleet.pins.ca, and that Redis runs)"
-            ),
+    /// Says at startup whether Redis accepts this gateway, and if not, why; then, while the
+    /// store is down, probes it once a second, so that `tensorgate_pin_store_up` and the log
+    /// say when it answers again even if no sequence request comes to find out. Ends with
+    /// the store.
+    async fn watch(store: std::sync::Weak<Self>) {
+        let Some(s) = store.upgrade() else { return };
+        match s.redis.probe(STARTUP_PROBE).await {
+            Ok(()) => tracing::info!(url = %s.url, "the pin store answers"),
+            Err(e) => {
+                s.up.set(0);
+                tracing::error!(
+                    url = %s.url,
+                    error = %e,
+                    "the pin store cannot be used; sequences are routed as with pins in memory until it can (check the URL's password, fleet.pins.ca, and that Redis runs)"
+                )
+            }
+        }
+        drop(s);
+        loop {
+            tokio::time::sleep(BACKOFF).await;
+            let Some(s) = store.upgrade() else { return };
+            if s.up.get() == 0 && s.redis.probe(s.timeout.max(BACKOFF)).await.is_ok() {
+                s.mark_up();
+            }
+        }
+    }
+
+    /// The store answered: up again (and said so) if it was down, and used at once.
+    fn mark_up(&self) {
+        if self.up.get() == 0 {
+            self.up.set(1);
+            self.skip_until.store(0, Ordering::Relaxed);
+            tracing::info!(url = %self.url, "the pin store answers again; sequences are shared through it");
         }
     }
 
@@ -273,10 +297,7 @@ impl PinStore {
         }
         let error = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => {
-                if self.up.get() == 0 {
-                    self.up.set(1);
-                    tracing::info!(url = %self.url, "the pin store answers again; sequences are shared through it");
-                }
+                self.mark_up();
                 return Some(v);
             }
             Ok(Err(e)) => e.to_string(),
