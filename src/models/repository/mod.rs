@@ -287,6 +287,15 @@ fn is_plain_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
+/// The version a directory's name is, as Triton reads them: digits only, not starting with 0
+/// (Triton ignores `0`, `007`, `+1` and the like, and so does this).
+fn version_of(name: &str) -> Option<i64> {
+    let digits = name.bytes().all(|b| b.is_ascii_digit());
+    (digits && !name.starts_with('0'))
+        .then(|| name.parse().ok())
+        .flatten()
+}
+
 /// The versions the policy selects, highest first for `latest`, each with its model file if
 /// it has one.
 fn select_versions(
@@ -297,14 +306,10 @@ fn select_versions(
         std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut present: BTreeMap<i64, PathBuf> = BTreeMap::new();
     for entry in listing.filter_map(Result::ok) {
-        let Some(v) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i64>().ok())
-        else {
+        let Some(v) = entry.file_name().to_str().and_then(version_of) else {
             continue;
         };
-        if v >= 0 && entry.path().is_dir() {
+        if entry.path().is_dir() {
             present.insert(v, entry.path().join(MODEL_FILE));
         }
     }
@@ -430,6 +435,23 @@ impl Model for VersionedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_directories_are_named_as_triton_reads_them() {
+        for (name, version) in [
+            ("1", Some(1)),
+            ("12", Some(12)),
+            ("0", None),
+            ("007", None),
+            ("+1", None),
+            ("-1", None),
+            ("1a", None),
+            ("", None),
+            ("99999999999999999999", None),
+        ] {
+            assert_eq!(version_of(name), version, "{name:?}");
+        }
+    }
 
     #[test]
     fn names_stay_inside_the_repository() {
