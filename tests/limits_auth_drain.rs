@@ -353,7 +353,13 @@ async fn bearer_tokens_guard_the_data_plane_but_not_health() {
             .status(),
         401
     );
-    for path in ["/v2/health/live", "/v2/health/ready"] {
+    // Health as Triton groups it: a model's readiness too (as gRPC's ModelReady).
+    for path in [
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/simple/ready",
+        "/v2/models/simple/versions/1/ready",
+    ] {
         assert_eq!(
             client
                 .get(format!("{base}{path}"))

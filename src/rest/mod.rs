@@ -20,7 +20,9 @@ use routes::{Route, RouteError};
 
 /// REST's part in the shared layers: health needs no token and is never shed, so that
 /// probes keep telling the truth; a refusal is the JSON error (with `Retry-After` for a 503,
-/// `WWW-Authenticate` for a 401), which `handle` observes like any other answer.
+/// `WWW-Authenticate` for a 401), which `handle` observes like any other answer. Health is
+/// what Triton's "health" protocol group holds: server liveness and readiness, and a model's
+/// readiness (gRPC's ServerLive, ServerReady and ModelReady, exempt alike).
 #[derive(Clone, Copy)]
 struct RestPolicy;
 
@@ -28,10 +30,14 @@ impl Policy for RestPolicy {
     type Body = Body;
 
     fn exempt(&self, path: &str) -> bool {
-        matches!(
-            path.strip_suffix('/').unwrap_or(path),
-            "/v2/health/live" | "/v2/health/ready"
-        )
+        let path = path.strip_suffix('/').unwrap_or(path);
+        matches!(path, "/v2/health/live" | "/v2/health/ready")
+            || (path.starts_with("/v2/models/")
+                && path.ends_with("/ready")
+                && matches!(
+                    routes::route(&http::Method::GET, path),
+                    Ok(routes::Route::ModelReady { .. })
+                ))
     }
 
     fn deny(&self, _: &Gateway, _: &str, e: GatewayError) -> Response<Body> {

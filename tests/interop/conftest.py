@@ -143,7 +143,7 @@ def _start_tensorgate(work_dir: Path, name: str, backends: Sequence[str],
                     grpc_url=f"{grpc_host}:{grpc_port}" if with_grpc else None)
     try:
         if with_grpc:
-            # Health and ModelReady are exempt from auth; REST's model readiness is not.
+            # Health and ModelReady are exempt from auth, as REST's model readiness is.
             creds = None
             if tls_ca:
                 cert, key = tls_client or (None, None)
