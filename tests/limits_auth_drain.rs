@@ -116,15 +116,17 @@ async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
         v["error"],
         "tensorgate is handling its limit of 1 concurrent requests (limits.max_concurrent_requests); retry later"
     );
-    // Counted against the model as Triton's REJECTED; a made-up model name opens no series.
-    let failures = |model: &str| {
+    // Counted against the model as Triton's REJECTED, under the version label a served
+    // request has (the model's first); a made-up model name opens no series.
+    let failures = |version: &str| {
         gw.gateway
             .metrics
             .nv_failure
-            .with_label_values(&[model, "", "REJECTED"])
+            .with_label_values(&["simple", version, "REJECTED"])
             .get()
     };
-    assert!(failures("simple") >= 1);
+    assert!(failures("1") >= 1);
+    assert_eq!(failures(""), 0);
     let made_up = client
         .post(format!("http://{addr}/v2/models/no-such-model/infer"))
         .body(SIMPLE)

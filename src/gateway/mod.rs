@@ -69,7 +69,8 @@ impl Drop for Raised {
 impl Gateway {
     /// Sets the model (and version) of a request its handler did not observe (a layer
     /// answered it, or its client went away): only a model the gateway serves and a version
-    /// it lists, so that a name the client made up opens no series.
+    /// it lists, so that a name the client made up opens no series, and under the version
+    /// label a served request of it would have.
     pub fn observe_model(
         &self,
         model: String,
@@ -77,7 +78,15 @@ impl Gateway {
         obs: &mut observe::Observation,
     ) {
         if let Some(entry) = self.fleet.catalog().get(&model) {
-            obs.version = version.filter(|v| entry.metadata.versions.contains(v));
+            // The label `core::begin` gives a served request: the version asked for, or the
+            // model's first; a version it does not list opens no series.
+            let versions = &entry.metadata.versions;
+            let label = match version {
+                Some(v) if versions.contains(&v) => Some(v),
+                Some(_) => return,
+                None => versions.first().cloned(),
+            };
+            obs.version = label;
             obs.model = Some(model);
         }
     }
