@@ -69,10 +69,16 @@ impl LoggingGateway {
     }
 }
 
-/// Runs a gateway with `log_format`, sends it one `accumulate` request and one `simple`
-/// request it refuses, and one `simple` call over gRPC, stops it with SIGTERM and returns what it wrote to stderr, and the
-/// refusal's error message.
-async fn log_of_one_request(log_format: &str) -> (String, String) {
+/// The messages of the requests the gateway refused, as their clients got them.
+struct Refusals {
+    infer: String,
+    unload: String,
+}
+
+/// Runs a gateway with `log_format`, sends it one `accumulate` request, one `simple`
+/// request it refuses, an unload it refuses and one `simple` call over gRPC, stops it with
+/// SIGTERM, and returns what it wrote to stderr and the refusals' messages.
+async fn log_of_one_request(log_format: &str) -> (String, Refusals) {
     let (port, metrics, grpc) = (free_port(), free_port(), free_port());
     let gw = LoggingGateway::start(
         log_format,
@@ -92,17 +98,26 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let refused = reqwest::Client::new()
-        .post(format!("{base}/v2/models/simple/infer"))
-        .body(r#"{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 400);
-    let error = refused.json::<serde_json::Value>().await.unwrap()["error"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    // Two requests it refuses with 400; each line carries the message its body gives.
+    let refused = |path: &str, body: &'static str| {
+        let req = reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .body(body);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 400);
+            r.json::<serde_json::Value>().await.unwrap()["error"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let error = refused(
+        "/v2/models/simple/infer",
+        r#"{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]}"#,
+    )
+    .await;
+    let unload_error = refused("/v2/repository/models/nope/unload", "").await;
     // Over gRPC, the request id comes from the call's metadata.
     let mut c = common_grpc::connect(([127, 0, 0, 1], grpc).into()).await;
     let mut call = tonic::Request::new(pb::ModelInferRequest {
@@ -117,25 +132,30 @@ async fn log_of_one_request(log_format: &str) -> (String, String) {
     call.metadata_mut()
         .insert("x-request-id", "grpc-7".parse().unwrap());
     c.model_infer(call).await.unwrap();
-    (gw.stop(), error)
+    let refusals = Refusals {
+        infer: error,
+        unload: unload_error,
+    };
+    (gw.stop(), refusals)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_access_logs() {
-    let (text, error) = log_of_one_request("json").await;
+    let (text, refusals) = log_of_one_request("json").await;
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    let access: Vec<&serde_json::Value> = lines
-        .iter()
-        .filter(|v| {
-            v["target"] == "tensorgate::access"
-                && v["fields"]["path"] == "/v2/models/accumulate/infer"
-        })
-        .collect();
-    assert_eq!(access.len(), 1, "{text}");
-    let f = &access[0]["fields"];
+    // The fields of the one access line for `path`.
+    let line_of = |path: &str| {
+        let found: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|v| v["target"] == "tensorgate::access" && v["fields"]["path"] == path)
+            .collect();
+        assert_eq!(found.len(), 1, "{path} in {text}");
+        &found[0]["fields"]
+    };
+    let f = line_of("/v2/models/accumulate/infer");
     assert_eq!(f["method"], "POST");
     assert_eq!(f["model"], "accumulate");
     assert_eq!(f["status"], 200);
@@ -146,16 +166,13 @@ async fn json_access_logs() {
     assert_eq!(f["request_id"], "req-42");
     assert_eq!(f["error"], "-");
     // A refused request's line carries the message the client got.
-    let refused: Vec<&serde_json::Value> = lines
-        .iter()
-        .filter(|v| {
-            v["target"] == "tensorgate::access" && v["fields"]["path"] == "/v2/models/simple/infer"
-        })
-        .collect();
-    assert_eq!(refused.len(), 1, "{text}");
-    assert_eq!(refused[0]["fields"]["status"], 400);
-    assert_eq!(refused[0]["fields"]["error"], error.as_str());
-    assert_eq!(refused[0]["fields"]["request_id"], "-");
+    let refused = line_of("/v2/models/simple/infer");
+    assert_eq!(refused["status"], 400);
+    assert_eq!(refused["error"], refusals.infer.as_str());
+    assert_eq!(refused["request_id"], "-");
+    let unload = line_of("/v2/repository/models/nope/unload");
+    assert_eq!(unload["status"], 400);
+    assert_eq!(unload["error"], refusals.unload.as_str());
     let grpc: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|v| v["target"] == "tensorgate::access" && v["fields"]["protocol"] == "grpc")

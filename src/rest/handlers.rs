@@ -8,6 +8,7 @@ use crate::body::Body;
 use crate::error::GatewayError;
 use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
+use crate::gateway::observe::Observation;
 use crate::gateway::queries;
 use crate::gateway::Gateway;
 
@@ -93,6 +94,7 @@ pub async fn repository_control(
     model: &str,
     action: RepositoryAction,
     body: Option<&serde_json::Value>,
+    obs: &mut Observation,
 ) -> Result<Response<Body>, GatewayError> {
     let names = match body.and_then(|b| b.get("parameters")) {
         None => Vec::new(),
@@ -109,6 +111,8 @@ pub async fn repository_control(
         (false, true) => StatusCode::BAD_REQUEST,
         (false, false) => StatusCode::BAD_GATEWAY,
     };
+    // The access line carries the message the client got, as for any refused request.
+    obs.error = report.error(model, action);
     Ok(status_json(status, report.json(model, action)))
 }
 

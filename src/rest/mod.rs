@@ -241,7 +241,7 @@ where
         }
         Route::RepositoryControl { model, action } => {
             let body = control_body(gw, req).await?;
-            handlers::repository_control(gw, &model, action, body.as_ref()).await
+            handlers::repository_control(gw, &model, action, body.as_ref(), obs).await
         }
         Route::Stats { model, version } => {
             handlers::stats(gw, model.as_deref(), version.as_deref())
