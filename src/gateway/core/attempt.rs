@@ -193,9 +193,12 @@ impl Attempt<'_> {
                     .lose_sequence(&backend, "is unavailable; the sequence's state is lost")
                     .await);
             }
+            // Not for the in-process models: they are the server here (a worker's), and
+            // answer an expired sequence as Triton does, with its 400.
             if failure.rejected
                 && followed_pin
                 && !options.sequence_start
+                && !backend.backend.in_process()
                 && forgot_the_sequence(failure.error.message())
             {
                 // The backend that holds this live sequence answers that it does not know
