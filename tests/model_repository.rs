@@ -364,10 +364,15 @@ async fn load_and_unload_fan_out_through_a_gateway() {
     )
     .unwrap();
     let a = worker("wa", &repo_a.0).await;
-    let b = worker("wb", &repo_b.0).await;
+    let mut b = worker("wb", &repo_b.0).await;
     let gw = gateway_over(&[("wa", &a.url), ("wb", &b.url)]).await;
     let base = base(&gw);
     let client = http_client();
+    let control = |model: &str, action: &str| {
+        let url = format!("{base}/v2/repository/models/{model}/{action}");
+        let client = &client;
+        async move { post_json(client, &url, &json!({})).await }
+    };
     // A request may go to either: the batch both take is the smaller limit.
     let (_, mlp_config) = get_json(&client, &format!("{base}/v2/models/mlp/config")).await;
     assert_eq!(mlp_config["max_batch_size"], 4, "{mlp_config}");
@@ -376,12 +381,7 @@ async fn load_and_unload_fan_out_through_a_gateway() {
     // interval is a minute: the load itself refreshed the catalog).
     copy_dir(&repo_a.path("cnn"), &repo_a.path("digits"));
     copy_dir(&repo_b.path("cnn"), &repo_b.path("digits"));
-    let (status, body) = post_json(
-        &client,
-        &format!("{base}/v2/repository/models/digits/load"),
-        &json!({}),
-    )
-    .await;
+    let (status, body) = control("digits", "load").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["results"],
@@ -401,12 +401,7 @@ async fn load_and_unload_fan_out_through_a_gateway() {
 
     // A model only one repository has: 502 naming the other, with both results.
     copy_dir(&repo_a.path("cnn"), &repo_a.path("only-a"));
-    let (status, body) = post_json(
-        &client,
-        &format!("{base}/v2/repository/models/only-a/load"),
-        &json!({}),
-    )
-    .await;
+    let (status, body) = control("only-a", "load").await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["results"][0], json!({"backend": "wa", "status": "ok"}));
     assert_eq!(body["results"][1]["status"], "failed");
@@ -454,6 +449,51 @@ async fn load_and_unload_fan_out_through_a_gateway() {
     assert!(
         broken.reason.contains("not a model tract can load"),
         "{broken:?}"
+    );
+
+    // A backend the health checks found unreachable is skipped, not failed (it reads its
+    // repository when it returns): a load that every reachable backend did is a 200.
+    b.process.kill();
+    let wb_reachable = || {
+        gw.gateway
+            .fleet
+            .backends()
+            .iter()
+            .find(|h| h.name == "wb")
+            .unwrap()
+            .state
+            .load()
+            .reachable
+    };
+    for _ in 0..10 {
+        if !wb_reachable() {
+            break;
+        }
+        gw.gateway.fleet.refresh().await;
+    }
+    assert!(!wb_reachable(), "the health checks never found wb down");
+    let (status, body) = control("only-a", "load").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"],
+        json!([
+            {"backend": "wa", "status": "ok"},
+            {"backend": "wb", "status": "skipped", "reason": "unreachable at the last health checks; it reads its repository when it returns"}
+        ])
+    );
+    // With every one unreachable, nothing was done: 503.
+    let mut a = a;
+    a.process.kill();
+    for _ in 0..10 {
+        gw.gateway.fleet.refresh().await;
+    }
+    let (status, body) = control("only-a", "unload").await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            503,
+            &json!("cannot unload model 'only-a': every backend with a model repository is unreachable")
+        )
     );
     gw.shutdown().await;
 }

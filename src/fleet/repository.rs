@@ -22,12 +22,15 @@ pub struct ControlOutcome {
     pub refused: bool,
     /// The backend is this process's own models (a worker's, or `serve`'s in-process ones).
     pub in_process: bool,
+    /// Not asked: the health checks found it unreachable (it reads its repository again
+    /// when it starts). `result` is `Ok`: it fails nothing that could be done.
+    pub skipped: bool,
 }
 
 impl Fleet {
-    /// Sends `action` on `model` to every backend that has a model repository and waits
-    /// for all of them (each within `timeout`), then refreshes the catalog. Empty when no
-    /// backend has a repository.
+    /// Sends `action` on `model` to every backend that has a model repository and is
+    /// reachable, and waits for all of them (each within `timeout`), then refreshes the
+    /// catalog. Empty when no backend has a repository.
     pub async fn control(
         &self,
         model: &str,
@@ -39,6 +42,17 @@ impl Fleet {
             .iter()
             .filter(|h| h.capabilities().repository)
             .map(|h| async move {
+                if !h.state.load().reachable {
+                    // A backend that is down would fail every load and unload of the fleet
+                    // until it returns; it reads its repository when it does.
+                    return ControlOutcome {
+                        backend: h.name.clone(),
+                        result: Ok(()),
+                        refused: false,
+                        in_process: h.backend.in_process(),
+                        skipped: true,
+                    };
+                }
                 if action == RepositoryAction::Load {
                     mark_loading(h, model);
                 }
@@ -56,6 +70,7 @@ impl Fleet {
                     result,
                     refused,
                     in_process: h.backend.in_process(),
+                    skipped: false,
                 }
             });
         let outcomes = futures_util::future::join_all(calls).await;

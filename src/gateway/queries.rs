@@ -201,6 +201,11 @@ impl ControlReport {
             .outcomes
             .iter()
             .map(|o| match &o.result {
+                Ok(()) if o.skipped => json!({
+                    "backend": o.backend,
+                    "status": "skipped",
+                    "reason": "unreachable at the last health checks; it reads its repository when it returns"
+                }),
                 Ok(()) => json!({"backend": o.backend, "status": "ok"}),
                 Err(e) => json!({"backend": o.backend, "status": "failed", "error": e}),
             })
@@ -231,9 +236,18 @@ pub async fn control<'a>(
             action.as_str()
         )));
     }
+    if outcomes.iter().all(|o| o.skipped) {
+        return Err(GatewayError::Unavailable(format!(
+            "cannot {} model '{model}': every backend with a model repository is unreachable",
+            action.as_str()
+        )));
+    }
     // Where some backends did it and others refused, the fleet disagrees about the model:
     // a backend's matter (502), as for any other failure.
-    let refused = outcomes.iter().all(|o| o.result.is_err() && o.refused);
+    let refused = outcomes
+        .iter()
+        .filter(|o| !o.skipped)
+        .all(|o| o.result.is_err() && o.refused);
     Ok(ControlReport { outcomes, refused })
 }
 
