@@ -779,5 +779,11 @@ async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
     }
     assert!(rotated, "the revoked token still works");
     assert_eq!(status("new-token").await, 200);
+    // A file left with no token (a half-written Secret) is refused, and the tokens in force
+    // stay: auth is not turned off, nor every client locked out. One poll and a margin.
+    std::fs::write(&tokens, "# nothing yet\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(status("new-token").await, 200);
+    assert_eq!(status("# nothing yet").await, 401);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -34,6 +34,17 @@ fn loopback_config(metrics: bool) -> Config {
     config
 }
 
+/// What the gateway's metrics listener answers.
+async fn metrics_text(gw: &tensorgate::run::Running) -> String {
+    let addr = gw.metrics_addr.expect("the metrics listener is on");
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn infer_simple(client: &reqwest::Client, addr: std::net::SocketAddr) -> reqwest::Response {
     client
         .post(format!("http://{addr}/v2/models/simple/infer"))
@@ -109,12 +120,7 @@ async fn counters_move_exactly() {
         200
     );
 
-    let text = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&gw).await;
     let m = parse(&text);
     // Pins kept in memory: no shared store whose state a gauge could report.
     assert!(!text.contains("tensorgate_pin_store_up"), "{text}");
@@ -280,16 +286,7 @@ async fn state_gauges_follow_the_fleet_through_a_reload() {
         .set_backends(&["builtin".into(), format!("http://{closed}")])
         .unwrap();
     let gw = tensorgate::run::start(config.clone(), true).await.unwrap();
-    let scrape = || async {
-        parse(
-            &reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        )
-    };
+    let scrape = || async { parse(&metrics_text(&gw).await) };
     let before = scrape().await;
     assert_eq!(
         before.get("tensorgate_backend_healthy{backend=\"builtin\"}"),
@@ -809,12 +806,7 @@ async fn an_empty_batch_counts_no_inference() {
             .unwrap();
         assert_eq!(r.status(), 200, "batch {batch}");
     }
-    let text = reqwest::get(format!("http://{}/metrics", gw.metrics_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&gw).await;
     let m = parse(&text);
     let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("missing {k} in\n{text}"));
     assert_eq!(

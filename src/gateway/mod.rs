@@ -78,15 +78,14 @@ impl Gateway {
         obs: &mut observe::Observation,
     ) {
         if let Some(entry) = self.fleet.catalog().get(&model) {
-            // The label `core::begin` gives a served request: the version asked for, or the
-            // model's first; a version it does not list opens no series.
-            let versions = &entry.metadata.versions;
-            let label = match version {
-                Some(v) if versions.contains(&v) => Some(v),
-                Some(_) => return,
-                None => versions.first().cloned(),
-            };
-            obs.version = label;
+            // A version the model does not list opens no series.
+            if version
+                .as_ref()
+                .is_some_and(|v| !entry.metadata.versions.contains(v))
+            {
+                return;
+            }
+            obs.version = Some(entry.metadata.version_label(version.as_deref()));
             obs.model = Some(model);
         }
     }

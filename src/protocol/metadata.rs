@@ -42,6 +42,16 @@ struct BackendModelMetadata {
 }
 
 impl ModelMetadata {
+    /// The version label of a request for this model (metrics and statistics): the version it
+    /// asked for, else the first the model lists, else none (`""`). Callers check first that
+    /// an asked version is listed, so that label values stay bounded.
+    pub fn version_label(&self, asked: Option<&str>) -> String {
+        asked
+            .or(self.versions.first().map(String::as_str))
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Reads a backend's `GET /v2/models/{name}` answer, and says what it had to forgive.
     pub fn from_backend(body: &[u8]) -> Result<(ModelMetadata, Tolerated), serde_json::Error> {
         let wire: BackendModelMetadata = serde_json::from_slice(body)?;
@@ -104,6 +114,21 @@ pub mod extensions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_labels() {
+        let mut m = ModelMetadata {
+            name: "m".into(),
+            versions: vec!["3".into(), "4".into()],
+            platform: String::new(),
+            inputs: vec![],
+            outputs: vec![],
+        };
+        assert_eq!(m.version_label(Some("4")), "4");
+        assert_eq!(m.version_label(None), "3");
+        m.versions.clear();
+        assert_eq!(m.version_label(None), "");
+    }
 
     #[test]
     fn backends_may_leave_versions_and_platform_out() {

@@ -20,11 +20,14 @@ use crate::protocol::{
 
 /// Checks `Inference-Header-Content-Length` before the body is read: one value (repeated
 /// lines must agree, or there is no right one to pick), a number, and within the JSON limit,
-/// so that a body is not read for a header the limit refuses anyway.
-pub fn check_header_length(headers: &http::HeaderMap, max_json: usize) -> Result<(), GatewayError> {
+/// so that a body is not read for a header the limit refuses anyway. Returns the length.
+pub fn check_header_length(
+    headers: &http::HeaderMap,
+    max_json: usize,
+) -> Result<Option<usize>, GatewayError> {
     let mut values = headers.get_all(HEADER_CONTENT_LENGTH).iter();
     let Some(first) = values.next() else {
-        return Ok(());
+        return Ok(None);
     };
     if values.any(|v| v != first) {
         return Err(GatewayError::BadRequest(format!(
@@ -38,7 +41,7 @@ pub fn check_header_length(headers: &http::HeaderMap, max_json: usize) -> Result
             "the JSON request is {n} bytes (Inference-Header-Content-Length); the limit is {max_json} (limits.max_json_bytes)"
         )));
     }
-    Ok(())
+    Ok(Some(n))
 }
 
 pub async fn infer(
@@ -47,16 +50,14 @@ pub async fn infer(
     model: &str,
     version: Option<&str>,
     parts: &Parts,
-    body: Bytes,
+    (body, header_length): (Bytes, Option<usize>),
     obs: &mut Observation,
 ) -> Result<Response<Body>, GatewayError> {
     let (entry, _pending) = core::begin(gw, model, version, obs)?;
     let decoding = Phase::start();
     let limits = config.limits.protocol();
+    // Checked before the body was read (`check_header_length`); the codec reads it too.
     let raw_header = parts.headers.get(HEADER_CONTENT_LENGTH);
-    let header_length = raw_header
-        .map(|v| parse_header_length(v.as_bytes()))
-        .transpose()?;
     let (req, binary_in) =
         match decode_request(&body, raw_header.map(HeaderValue::as_bytes), &limits)? {
             RequestBody::Message(r) => {

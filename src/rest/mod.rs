@@ -258,12 +258,21 @@ where
         Route::Infer { model, version } => {
             check_content_encoding(&req)?;
             let config = gw.config();
-            infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
+            let header_length =
+                infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
             let (parts, body) = req.into_parts();
             let body = read_in_time(&config, body, config.limits.max_body_bytes).await?;
             obs.bytes_in = body.len() as u64;
-            let mut answer =
-                infer::infer(gw, &config, &model, version.as_deref(), &parts, body, obs).await?;
+            let mut answer = infer::infer(
+                gw,
+                &config,
+                &model,
+                version.as_deref(),
+                &parts,
+                (body, header_length),
+                obs,
+            )
+            .await?;
             answer.extensions_mut().insert(Compressible);
             Ok(answer)
         }

@@ -86,10 +86,7 @@ pub fn begin(
     let entry = lookup(gw, model, version)?;
     looking.end(&mut obs.queue);
     // `lookup` let through only a version the model lists, so label values stay bounded.
-    let label_version = version
-        .or(entry.metadata.versions.first().map(String::as_str))
-        .unwrap_or_default()
-        .to_string();
+    let label_version = entry.metadata.version_label(version);
     let pending = gw
         .metrics
         .nv_pending
