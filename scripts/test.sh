@@ -18,7 +18,17 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 STARTED=$SECONDS
-section() { printf '\n==== %s ==== (t=%ss)\n' "$*" "$((SECONDS - STARTED))"; }
+# Each section says how much disk is left: a build that runs out of it dies in the linker
+# with nothing but "Bus error" to say why.
+section() {
+  printf '\n==== %s ==== (t=%ss, %s free)\n' "$*" "$((SECONDS - STARTED))" \
+    "$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')"
+}
+
+# A fresh clone (CI's case) gains nothing from incremental caches, which cost 2 GB of disk.
+if [ ! -d target ] && [ -z "${CARGO_INCREMENTAL:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
 
 cargo_() {
   if [ -n "${TG_CARGO_LOCK:-}" ]; then

@@ -3,7 +3,7 @@
 //! `"versions": null`, NaN written as `null`), a server that exposes nothing, and Triton
 //! (from the fixtures in `tests/fixtures/triton/`).
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

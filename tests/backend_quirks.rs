@@ -3,7 +3,7 @@
 //! for FP16 and BF16 outputs, and writes non-finite floats as bare `NaN`/`Infinity`
 //! literals; MLServer models without a signature describe no outputs.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

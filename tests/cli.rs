@@ -1,7 +1,7 @@
 //! The real binary: help texts, check-config, a bad worker model list, and a worker with a
 //! gateway in front of it, both stopped with SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -160,6 +160,31 @@ fn check_config_reports_errors_with_line_numbers() {
             format!("{p}:3: fleet.pins.url_env names TENSORGATE_TEST_NEVER_SET, which is not set here (serve would refuse to start)"),
         ]
     );
+
+    // Tokens serve would find none of: a file of comments only, and a variable not set.
+    let tokens = temp_file(
+        "comment-only-tokens",
+        "# rotated away; new token goes here\n\n",
+    );
+    for (key, value, message) in [
+        (
+            "tokens_file",
+            tokens.display().to_string(),
+            "auth is configured but no token was found (a tokens file of comments and blank lines holds none) here (serve would refuse to start)",
+        ),
+        (
+            "tokens_env",
+            "TENSORGATE_TEST_TOKENS_NEVER_SET".to_string(),
+            "auth.tokens_env names TENSORGATE_TEST_TOKENS_NEVER_SET, which is not set here (serve would refuse to start)",
+        ),
+    ] {
+        let path = temp_file("auth.toml", &format!("[auth]\n{key} = {value:?}\n"));
+        let p = path.to_str().unwrap();
+        let out = tensorgate(&["check-config", p]);
+        assert!(!out.status.success(), "{key}");
+        let line = if key == "tokens_env" { 2 } else { 1 };
+        assert_eq!(text(&out.stderr).trim_end(), format!("{p}:{line}: {message}"));
+    }
 
     // A missing file.
     let out = tensorgate(&["check-config", "/nonexistent/tensorgate.toml"]);

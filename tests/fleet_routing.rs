@@ -2,7 +2,7 @@
 //! or `tensorgate serve` processes). Sequence affinity across replicas, membership changes
 //! (reload, a dead worker, DNS), the `timeout` parameter, the pin table, and config reloads.
 
-mod common_fleet;
+use crate::common_fleet;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

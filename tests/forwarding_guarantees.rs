@@ -4,7 +4,7 @@
 //! request's deadline (the `timeout` parameter or `[models.NAME] timeout_ms`) cuts a slow
 //! backend short with a 504.
 
-mod common_fleet;
+use crate::common_fleet;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Every documented error path of the gateway, with status and exact message; health,
 //! metadata and the repository index.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! Every built-in model through the gateway, in both topologies: the models in-process, and
 //! the gateway in front of a worker over HTTP. Every encoding: JSON, binary, mixed, raw.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! cannot carry), typed contents read as the same bytes as raw ones, and no message makes
 //! the decoder panic.
 
-mod codec_common;
+use crate::codec_common;
 
 use bytes::Bytes;
 use codec_common::{canonical, request, roundtrip_request, tensor_strategy};

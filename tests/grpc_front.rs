@@ -2,8 +2,8 @@
 //! and messages (the same text as REST), auth, deadlines, streams, sequences that change
 //! transport, per-request balancing over one channel, and health.
 
-mod common_fleet;
-mod common_grpc;
+use crate::common_fleet;
+use crate::common_grpc;
 
 use prost::Message as _;
 use std::collections::{HashMap, HashSet};
@@ -807,9 +807,9 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(garbage.len() as u32).to_be_bytes());
     frame.extend_from_slice(&garbage);
-    let send = |body: Vec<u8>| {
+    let send_to = |method: &str, body: Vec<u8>| {
         let req = http::Request::post(format!(
-            "http://{}/inference.GRPCInferenceService/ModelInfer",
+            "http://{}/inference.GRPCInferenceService/{method}",
             gw.grpc_addr.unwrap()
         ))
         .header("content-type", "application/grpc")
@@ -822,6 +822,7 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
             tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer")
         }
     };
+    let send = |body: Vec<u8>| send_to("ModelInfer", body);
     let status = send(frame.clone()).await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
@@ -846,6 +847,32 @@ async fn unreadable_messages_are_the_clients_error_unary_and_on_a_stream() {
             "the request message is not valid: a unary call carries one message, and this one has more"
         )
     );
+    // Framing that tonic reads for the other RPCs: a body cut off inside its message, and
+    // a compressed message without a `grpc-encoding`, are the client's errors too.
+    let mut cut = vec![0u8];
+    cut.extend_from_slice(&10u32.to_be_bytes());
+    cut.extend_from_slice(b"abc");
+    let mut flagged = vec![1u8];
+    flagged.extend_from_slice(&0u32.to_be_bytes());
+    for (method, body, why) in [
+        ("ServerMetadata", cut.clone(), "Unexpected EOF decoding stream."),
+        ("ModelMetadata", cut, "Unexpected EOF decoding stream."),
+        (
+            "ServerMetadata",
+            flagged,
+            "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+        ),
+    ] {
+        let status = send_to(method, body).await;
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                Code::InvalidArgument,
+                format!("the request message is not valid: {why}").as_str()
+            ),
+            "{method}"
+        );
+    }
     // Refusals of what could not be read are counted like any other answer.
     let metrics = scrape(&gw).await;
     assert!(

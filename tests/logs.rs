@@ -1,8 +1,8 @@
 //! Access logs, in JSON and in the plain format: each request has one access line with its
 //! method, path, model, status, backend, bytes and duration.
 
-mod common_fleet;
-mod common_grpc;
+use crate::common_fleet;
+use crate::common_grpc;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -4,8 +4,8 @@
 //! models, a corrupt model, load and unload on a worker, their fan-out through a gateway over
 //! REST and gRPC, and health while a heavy model runs.
 
-mod common_fleet;
-mod common_grpc;
+use crate::common_fleet;
+use crate::common_grpc;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -326,6 +326,20 @@ async fn load_reads_the_repository_again_and_unload_unloads() {
         (&e["state"], &e["reason"]),
         (&json!("UNAVAILABLE"), &json!("unloaded"))
     );
+    // Readiness: a model the repository knows is not ready (503), where an unknown one is
+    // not found.
+    for (model, status, error) in [
+        (
+            "cnn2",
+            503,
+            "model 'cnn2' is not available: UNAVAILABLE on backend 'builtin': unloaded",
+        ),
+        ("nosuch", 404, "unknown model 'nosuch'"),
+    ] {
+        let url = format!("{}/v2/models/{model}/ready", w.url);
+        let (got, body) = get_json(&client, &url).await;
+        assert_eq!((got, &body["error"]), (status, &json!(error)), "{model}");
+    }
 
     // A corrupt new version fails to load; the loaded model keeps serving.
     std::fs::write(repo.path("cnn/1/model.onnx"), b"\0\0not onnx at all").unwrap();
@@ -891,6 +905,19 @@ async fn a_model_is_loading_while_its_load_runs() {
                     (&e["reason"], &e["backends"]),
                     (&json!("a load is in progress"), &json!(["builtin"]))
                 );
+                // Not missing but not ready yet: 503, which clients retry, not 404.
+                // (A 200: the load finished in between.)
+                let (status, body) = get_json(&client, &format!("{}/v2/models/vgg19", w.url)).await;
+                if status == 200 {
+                    break;
+                }
+                assert_eq!(
+                    (status, &body["error"]),
+                    (
+                        503,
+                        &json!("model 'vgg19' is not available: LOADING on backend 'builtin': a load is in progress")
+                    )
+                );
                 break;
             }
         }
@@ -1172,6 +1199,30 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
 /// A rolling update: one worker serves version 1 of `mlp`, the other already version 2.
 /// A request for a version goes only to a worker that lists it, whichever the gateway took
 /// the metadata from; a request without a version may go to either.
+/// Posts an infer to `url` and checks that `backend` answered it with `version`.
+async fn served_by(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    version: &str,
+    backend: &str,
+    what: &str,
+) {
+    let r = client.post(url).json(body).send().await.unwrap();
+    let served = r.headers()["x-tensorgate-backend"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let status = r.status().as_u16();
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, served.as_str()),
+        (200, backend),
+        "{what}: {answer}"
+    );
+    assert_eq!(answer["model_version"], version, "{what}: {answer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_goes_to_the_backends_that_have_it() {
     let (old, new) = (repository("rolling-old"), repository("rolling-new"));
@@ -1183,20 +1234,92 @@ async fn a_version_goes_to_the_backends_that_have_it() {
     for (version, backend) in [("1", "a"), ("2", "b")] {
         for i in 0..12 {
             let url = format!("{}/v2/models/mlp/versions/{version}/infer", base(&gw));
-            let r = client.post(&url).json(&body).send().await.unwrap();
-            let served = r.headers()["x-tensorgate-backend"]
-                .to_str()
-                .unwrap()
-                .to_string();
-            let status = r.status().as_u16();
-            let answer: Value = r.json().await.unwrap();
-            assert_eq!(
-                (status, served.as_str()),
-                (200, backend),
-                "version {version}, request {i}: {answer}"
-            );
-            assert_eq!(answer["model_version"], version, "{answer}");
+            let what = format!("version {version}, request {i}");
+            served_by(&client, &url, &body, version, backend, &what).await;
         }
     }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_with_other_tensors_are_checked_against_their_own_metadata() {
+    // A rolling update whose new version takes other inputs: `a` has only version 1 (the
+    // MLP's INPUT [-1,16]), `b` only version 2 (the CNN's IMAGE).
+    let (old, new) = (repository("tensors-old"), repository("tensors-new"));
+    copy_dir(&old.path("mlp/1"), &old.path("rolling/1"));
+    copy_dir(&new.path("cnn/1"), &new.path("rolling/2"));
+    let (a, b) = (worker("a", &old.0).await, worker("b", &new.0).await);
+    let gw = gateway_over(&[("a", &a.url), ("b", &b.url)]).await;
+    let client = http_client();
+    let base = base(&gw);
+    let inputs = |metadata: &Value| -> Vec<String> {
+        metadata["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for (version, input, backend, body) in [
+        (
+            "1",
+            "INPUT",
+            "a",
+            json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]}),
+        ),
+        (
+            "2",
+            "IMAGE",
+            "b",
+            json!({"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": vec![0.5; 784]}]}),
+        ),
+    ] {
+        let url = format!("{base}/v2/models/rolling/versions/{version}");
+        let (status, metadata) = get_json(&client, &url).await;
+        assert_eq!((status, inputs(&metadata)), (200, vec![input.to_string()]));
+        let what = format!("version {version}");
+        served_by(
+            &client,
+            &format!("{url}/infer"),
+            &body,
+            version,
+            backend,
+            &what,
+        )
+        .await;
+    }
+    // The index says which backend serves which version.
+    let idx = index(&client, &base).await;
+    for (version, backend) in [("1", "a"), ("2", "b")] {
+        let e = entry(&idx, "rolling", version).unwrap_or_else(|| panic!("{idx:?}"));
+        assert_eq!(
+            (&e["state"], &e["backends"]),
+            (&json!("READY"), &json!([backend])),
+            "{e}"
+        );
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_answered_is_listed_skipped() {
+    let repo = repository("never-answered");
+    let a = worker("wa", &repo.0).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let gw = gateway_over(&[("wa", &a.url), ("wz", &closed)]).await;
+    let client = http_client();
+    let url = format!("{}/v2/repository/models/mlp/load", base(&gw));
+    let (status, body) = post_json(&client, &url, &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"],
+        json!([
+            {"backend": "wa", "status": "ok"},
+            {"backend": "wz", "status": "skipped", "reason": "unreachable at the last health checks; it reads its repository when it returns"}
+        ])
+    );
     gw.shutdown().await;
 }

@@ -2,7 +2,7 @@
 //! the outputs asked for, in the encodings asked for), a request that needs no change goes
 //! on as the client's own bytes, and the backend's response comes back as it was sent.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! round-trip JSON → binary → JSON and binary → JSON → binary bit-exactly (NaN payloads
 //! aside), and no body makes the decoders panic.
 
-mod codec_common;
+use crate::codec_common;
 
 use bytes::Bytes;
 use codec_common::{canonical, request, roundtrip_request, tensor_strategy};

@@ -2,7 +2,7 @@
 //! what only the backend's side of the wire shows: the trace context the gateway sends, and
 //! how it treats a model that lists no versions (as MLServer and KServe models often do).
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

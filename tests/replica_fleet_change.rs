@@ -2,7 +2,7 @@
 //! never saw a live sequence must still find its backend after a join moved the sequence's
 //! hash elsewhere (the past-table fallback of `routing::Route`).
 
-mod common_fleet;
+use crate::common_fleet;
 
 use std::collections::BTreeSet;
 

@@ -2,9 +2,9 @@
 //! disagree about the fleet, a replica restarted with live sequences, Redis killed under load
 //! or silent, and the keys' lifetime. scripts/test.sh installs Debian's redis-server.
 
-mod common_fleet;
-mod common_grpc;
-mod pki;
+use crate::common_fleet;
+use crate::common_grpc;
+use crate::pki;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};

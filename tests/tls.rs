@@ -14,7 +14,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tensorgate::config::{BackendTls, Config, ServerTls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod pki;
+use crate::pki;
 use pki::Pki;
 
 /// `_alpn` documents the protocol a call expects; hyper-rustls sets ALPN from the

@@ -3,7 +3,7 @@
 //! before any answer), new ones find it refused and go elsewhere, and passive health ejects
 //! it. A worker restarted under a live sequence loses it with a 503, not a 400.
 
-mod common_fleet;
+use crate::common_fleet;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

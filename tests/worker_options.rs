@@ -1,7 +1,7 @@
 //! `tensorgate worker --sequence-idle-timeout-ms` (or `TENSORGATE_SEQUENCE_IDLE_TIMEOUT_MS`):
 //! how long the built-in `accumulate` model keeps an idle sequence, on real worker processes.
 
-mod common_fleet;
+use crate::common_fleet;
 
 use std::process::Command;
 use std::time::Duration;
