@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::core::lookup;
+use super::core::{lookup, lookup_for_readiness};
 use super::Gateway;
 use crate::error::GatewayError;
 use crate::fleet::backend::RepositoryAction;
@@ -74,7 +74,7 @@ pub fn model_ready(
     model: &str,
     version: Option<&str>,
 ) -> Result<CatalogEntry, GatewayError> {
-    let entry = lookup(gw, model, version)?;
+    let entry = lookup_for_readiness(gw, model, version)?;
     if entry.ready.is_empty() {
         return Err(GatewayError::Unavailable(format!(
             "model '{model}' is not ready: no backend reports it ready"
@@ -106,23 +106,42 @@ impl IndexEntry {
 pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
     let mut entries: Vec<IndexEntry> = Vec::new();
     for (name, e) in gw.fleet.catalog().models.iter() {
-        let ready = !e.ready.is_empty();
-        let versions: Vec<Option<String>> = if e.metadata.versions.is_empty() {
-            vec![None]
-        } else {
-            e.metadata.versions.iter().cloned().map(Some).collect()
-        };
-        for version in versions {
+        if e.ready.is_empty() {
+            for version in listed_versions(&e.metadata.versions) {
+                entries.push(IndexEntry {
+                    name: name.clone(),
+                    version,
+                    state: "UNAVAILABLE",
+                    reason: "no backend reports it ready".into(),
+                    backends: vec![],
+                });
+            }
+            continue;
+        }
+        // Each backend's own versions: during a rolling update they differ, and the index
+        // says which backend serves which.
+        let mut by_version: Vec<(Option<String>, Vec<String>)> = Vec::new();
+        for h in &e.ready {
+            let state = h.state.load();
+            let listed = state
+                .models
+                .get(name.as_str())
+                .map(|m| m.metadata.versions.as_slice())
+                .unwrap_or_default();
+            for v in listed_versions(listed) {
+                match by_version.iter_mut().find(|(x, _)| *x == v) {
+                    Some((_, backends)) => backends.push(h.name.clone()),
+                    None => by_version.push((v, vec![h.name.clone()])),
+                }
+            }
+        }
+        for (version, backends) in by_version {
             entries.push(IndexEntry {
                 name: name.clone(),
                 version,
-                state: if ready { "READY" } else { "UNAVAILABLE" },
-                reason: if ready {
-                    String::new()
-                } else {
-                    "no backend reports it ready".into()
-                },
-                backends: e.ready.iter().map(|h| h.name.clone()).collect(),
+                state: "READY",
+                reason: String::new(),
+                backends,
             });
         }
     }
@@ -150,6 +169,16 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
         }
     }
     entries
+}
+
+/// A model's versions as index entries: one per version, or one without a version for a
+/// model that lists none (KServe's).
+fn listed_versions(versions: &[String]) -> Vec<Option<String>> {
+    if versions.is_empty() {
+        vec![None]
+    } else {
+        versions.iter().cloned().map(Some).collect()
+    }
 }
 
 /// What a load or unload across the fleet came to.

@@ -1,15 +1,38 @@
 //! Phase 1: the model in the fleet's catalog, and the version a path names.
 
+use std::sync::Arc;
+
 use crate::error::GatewayError;
 use crate::fleet::CatalogEntry;
 use crate::gateway::Gateway;
+use crate::models::repository::ModelState;
 
 /// Finds a model (and version) in the catalog: NotFound when unknown, Unavailable while the
-/// first discovery round runs.
+/// first discovery round runs or while a backend loads it.
 pub fn lookup(
     gw: &Gateway,
     model: &str,
     version: Option<&str>,
+) -> Result<CatalogEntry, GatewayError> {
+    find(gw, model, version, false)
+}
+
+/// [`lookup`] for a readiness probe: a model that a backend's repository knows but cannot
+/// serve (unloaded, failed to load) is not ready (503), where infer and metadata answer 404
+/// as Triton does ("has no available versions"). Only an unknown name is a 404 here.
+pub fn lookup_for_readiness(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+) -> Result<CatalogEntry, GatewayError> {
+    find(gw, model, version, true)
+}
+
+fn find(
+    gw: &Gateway,
+    model: &str,
+    version: Option<&str>,
+    readiness: bool,
 ) -> Result<CatalogEntry, GatewayError> {
     let catalog = gw.fleet.catalog();
     let Some(entry) = catalog.get(model) else {
@@ -18,40 +41,52 @@ pub fn lookup(
                 "tensorgate has not finished discovering its backends".into(),
             ));
         }
-        return Err(GatewayError::NotFound(not_served(gw, model)));
+        return Err(not_served(gw, model, readiness));
     };
     // A version in the path must be one the model lists. A model that lists none (KServe's,
     // MLServer's without a version) is refused any: metadata and readiness could not vouch
     // for it, and such servers refuse versioned infer paths themselves (KServe with 501).
-    if let Some(v) = version {
-        let versions = &entry.metadata.versions;
-        if versions.is_empty() {
-            return Err(GatewayError::NotFound(format!(
-                "model '{model}' lists no versions; address it without '/versions/{v}'"
-            )));
-        }
-        // The metadata is the first backend's; during a rolling update another may have
-        // the version already, and routing sends the request there.
-        let elsewhere = || {
-            entry
-                .ready
-                .iter()
-                .any(|h| h.lists_version(model, v) == Some(true))
-        };
-        if !versions.iter().any(|x| x == v) && !elsewhere() {
-            return Err(GatewayError::NotFound(format!(
-                "model '{model}' has no version '{v}' (its versions are {})",
-                versions.join(", ")
-            )));
-        }
+    let Some(v) = version else {
+        return Ok(entry.clone());
+    };
+    let versions = &entry.metadata.versions;
+    if versions.is_empty() {
+        return Err(GatewayError::NotFound(format!(
+            "model '{model}' lists no versions; address it without '/versions/{v}'"
+        )));
     }
-    Ok(entry.clone())
+    if versions.iter().any(|x| x == v) {
+        return Ok(entry.clone());
+    }
+    // The catalog's metadata is one backend's. During a rolling update another may serve
+    // the version already (or still), with tensors of its own: the request is checked
+    // against the metadata of a backend that lists it, and routing sends it only there.
+    let lister = entry.ready.iter().find_map(|h| {
+        let state = h.state.load();
+        let m = &state.models.get(model)?.metadata;
+        m.versions
+            .iter()
+            .any(|x| x == v)
+            .then(|| Arc::new(m.clone()))
+    });
+    match lister {
+        Some(metadata) => Ok(CatalogEntry {
+            metadata,
+            ..entry.clone()
+        }),
+        None => Err(GatewayError::NotFound(format!(
+            "model '{model}' has no version '{v}' (its versions are {})",
+            versions.join(", ")
+        ))),
+    }
 }
 
 /// Why a model is not in the catalog: unknown, or known to a backend's repository that
 /// cannot serve it (a failed load, an unload), with the backend's reason: a user who just
-/// loaded a broken model learns why, not only that the name is unknown.
-fn not_served(gw: &Gateway, model: &str) -> String {
+/// loaded a broken model learns why, not only that the name is unknown. A model that is
+/// loading is unavailable for now (503: come back), not missing.
+fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
+    let mut loading = false;
     let reasons: Vec<String> = gw
         .fleet
         .backends()
@@ -63,6 +98,7 @@ fn not_served(gw: &Gateway, model: &str) -> String {
                 .iter()
                 .filter(|e| e.name == model)
                 .map(|e| {
+                    loading |= e.state == ModelState::Loading;
                     let version = e
                         .version
                         .as_deref()
@@ -79,8 +115,12 @@ fn not_served(gw: &Gateway, model: &str) -> String {
         })
         .collect();
     if reasons.is_empty() {
-        format!("unknown model '{model}'")
+        return GatewayError::NotFound(format!("unknown model '{model}'"));
+    }
+    let message = format!("model '{model}' is not available: {}", reasons.join("; "));
+    if loading || readiness {
+        GatewayError::Unavailable(message)
     } else {
-        format!("model '{model}' is not available: {}", reasons.join("; "))
+        GatewayError::NotFound(message)
     }
 }
