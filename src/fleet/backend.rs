@@ -130,6 +130,11 @@ impl BackendError {
         match self {
             BackendError::Connect(_) => Retry::Anywhere,
             BackendError::Reset(_) => Retry::Idempotent,
+            // The backend lacks a model the catalog says it serves: it was unloaded since
+            // the last discovery round, and nothing ran.
+            BackendError::Status { status, .. } if *status == StatusCode::NOT_FOUND => {
+                Retry::Anywhere
+            }
             _ => Retry::Never,
         }
     }

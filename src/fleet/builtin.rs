@@ -263,10 +263,14 @@ impl Backend for BuiltinBackend {
                     "the built-in backend takes decoded requests".into(),
                 ));
             };
-            let slot =
-                self.models.load().get(call.model).cloned().ok_or_else(|| {
-                    BackendError::Rejected(format!("unknown model '{}'", call.model))
-                })?;
+            // Gone since the gateway looked it up: an unload raced the request. Not the
+            // client's error (a 400), but the 404 the lookup would answer now.
+            let slot = self.models.load().get(call.model).cloned().ok_or_else(|| {
+                BackendError::Status {
+                    status: http::StatusCode::NOT_FOUND,
+                    message: format!("model '{}' is not available: it was unloaded", call.model),
+                }
+            })?;
             let version = call.version.map(str::to_string);
             let (outputs, req, queued) = match &slot.permits {
                 None => (
@@ -461,6 +465,23 @@ mod tests {
             ),
             other => panic!("expected Broken, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// An unload between the gateway's lookup and the run: a 404 that routing may retry
+    /// elsewhere (nothing ran), not a 400 that blames the client.
+    #[tokio::test]
+    async fn a_model_unloaded_under_a_request_is_not_found() {
+        let metadata = crate::models::metadata("broken", vec![], vec![]);
+        let backend = one_model("broken", Broken(metadata));
+        let e = backend.infer(call("gone")).await.err().unwrap();
+        assert_eq!(
+            e,
+            BackendError::Status {
+                status: http::StatusCode::NOT_FOUND,
+                message: "model 'gone' is not available: it was unloaded".into(),
+            }
+        );
+        assert_eq!(e.retry(), crate::fleet::backend::Retry::Anywhere);
     }
 
     /// A one-instance model that takes 300 ms a run.
