@@ -124,8 +124,14 @@ impl GatewayError {
         }
     }
 
+    /// The gRPC status. Its message travels in the `grpc-message` trailer, and common
+    /// clients (grpcio, grpc-go) refuse metadata over 16 KiB with RESOURCE_EXHAUSTED, losing
+    /// the real error: a message that echoes a long name or shape back is cut short.
     pub fn to_grpc(&self) -> tonic::Status {
-        tonic::Status::new(self.grpc_code(), self.message())
+        tonic::Status::new(
+            self.grpc_code(),
+            cut_short(self.message(), GRPC_MESSAGE_MAX),
+        )
     }
 
     pub fn message(&self) -> &str {
@@ -155,6 +161,27 @@ impl GatewayError {
         serde_json::to_vec(&serde_json::json!({ "error": self.message() }))
             .expect("a JSON object serializes")
     }
+}
+
+/// The longest `grpc-message` sent, in bytes. Percent-encoding may triple it (every byte
+/// outside printable ASCII), which still fits 16 KiB with the other trailers.
+pub const GRPC_MESSAGE_MAX: usize = 4096;
+
+/// `message` if it fits in `max` bytes, else its head (cut at a character boundary) and a
+/// note of how much was left out.
+fn cut_short(message: &str, max: usize) -> String {
+    if message.len() <= max {
+        return message.to_string();
+    }
+    let mut end = max;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... ({} more bytes of this message left out)",
+        &message[..end],
+        message.len() - end
+    )
 }
 
 /// The Triton extensions that tensorgate does not offer, the same over REST and gRPC.
@@ -221,6 +248,25 @@ mod tests {
             GatewayError::UnsupportedEncoding("br".into()).status(),
             StatusCode::UNSUPPORTED_MEDIA_TYPE
         );
+    }
+
+    #[test]
+    fn long_grpc_messages_are_cut_short() {
+        let long = format!("unknown model '{}'", "é".repeat(10_000));
+        let status = GatewayError::NotFound(long.clone()).to_grpc();
+        let head = &long[..GRPC_MESSAGE_MAX - 1];
+        assert_eq!(
+            status.message(),
+            format!(
+                "{head}... ({} more bytes of this message left out)",
+                long.len() - head.len()
+            )
+        );
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        // REST bodies keep the whole message.
+        assert_eq!(GatewayError::NotFound(long.clone()).message(), long);
+        let short = GatewayError::NotFound("unknown model 'm'".into()).to_grpc();
+        assert_eq!(short.message(), "unknown model 'm'");
     }
 
     #[test]

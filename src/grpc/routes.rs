@@ -91,9 +91,10 @@ pub(super) fn as_client_error(status: tonic::Status, max: usize) -> tonic::Statu
             if message.starts_with("failed to decode Protobuf message")
                 || message.starts_with("Error decompressing")
                 || message.starts_with("Missing request message")
-                || message.starts_with(
-                    "protocol error: received message with invalid compression flag",
-                ) =>
+                // A body that ends inside a message (a cut-off frame header or payload).
+                || message.starts_with("Unexpected EOF decoding stream")
+                // A compression flag that is invalid, or set without a `grpc-encoding`.
+                || message.starts_with("protocol error: received message with") =>
         {
             tonic::Status::invalid_argument(format!("the request message is not valid: {message}"))
         }
