@@ -469,6 +469,21 @@ pub fn unreadable_files(config: &Config, text: &str) -> Vec<ConfigError> {
     if let Some(p) = &config.auth.tokens_file {
         named.push(("auth.tokens_file".into(), p));
     }
+    // Tokens are read as `serve` reads them: a variable that is not set here, or sources that
+    // hold no token, stop it from starting. (An unreadable file is reported below.)
+    let file_readable = config
+        .auth
+        .tokens_file
+        .as_ref()
+        .is_none_or(|p| std::fs::File::open(p).is_ok());
+    if config.auth.enabled() && file_readable {
+        if let Err(e) = super::tokens::read(&config.auth) {
+            errors_dirs.push(ConfigError {
+                line: None,
+                message: format!("{e} here (serve would refuse to start)"),
+            });
+        }
+    }
     for b in &config.backends {
         if let Some(dir) = &b.model_repository {
             if !dir.is_dir() {

@@ -4,6 +4,7 @@
 mod check;
 pub mod redis_url;
 mod restart;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

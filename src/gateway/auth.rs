@@ -6,40 +6,13 @@ use crate::config::AuthConfig;
 #[derive(Default)]
 pub struct Tokens(Vec<Vec<u8>>);
 
-/// Tokens separated by commas or line breaks. A line that starts with `#` is a comment:
-/// operators annotate secret files, and a comment taken as a token would be a password that
-/// nobody meant to set.
-fn split(text: &str) -> impl Iterator<Item = Vec<u8>> + '_ {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.starts_with('#'))
-        .flat_map(|line| line.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| t.as_bytes().to_vec())
-}
-
 impl Tokens {
     /// `None` when auth is off.
     pub fn load(auth: &AuthConfig) -> Result<Option<Tokens>, String> {
         if !auth.enabled() {
             return Ok(None);
         }
-        let mut tokens = Vec::new();
-        if let Some(path) = &auth.tokens_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read auth.tokens_file {}: {e}", path.display()))?;
-            tokens.extend(split(&text));
-        }
-        if let Some(var) = &auth.tokens_env {
-            let text = std::env::var(var)
-                .map_err(|_| format!("auth.tokens_env names {var}, which is not set"))?;
-            tokens.extend(split(&text));
-        }
-        if tokens.is_empty() {
-            return Err("auth is configured but no token was found".into());
-        }
-        Ok(Some(Tokens(tokens)))
+        crate::config::tokens::read(auth).map(|t| Some(Tokens(t)))
     }
 
     /// Checks an `Authorization` header value.
@@ -82,9 +55,6 @@ mod tests {
         assert!(t.accepts(Some(&h("bearer gamma"))));
         assert!(!t.accepts(Some(&h("Bearer delta"))));
         assert!(!t.accepts(Some(&h("Basic alpha"))));
-        let commented: Vec<Vec<u8>> =
-            split("# rotated 2026-11, old one below\n  #old\none, two\n\nthree").collect();
-        assert_eq!(commented, [&b"one"[..], b"two", b"three"]);
         assert!(!t.accepts(None));
         assert!(Tokens::load(&AuthConfig::default()).unwrap().is_none());
         let e = Tokens::load(&AuthConfig {
