@@ -104,8 +104,17 @@ pub fn format_shape<T: std::fmt::Display>(shape: &[T]) -> String {
     s
 }
 
-/// Multiplies dimensions, failing on overflow and beyond `max_elements`.
+/// Multiplies dimensions, failing on overflow and beyond `max_elements`. A dimension must
+/// also fit the protocol's int64 (the protobuf shape is `repeated int64`): a shape with a 0
+/// in it has no elements whatever its other dimensions, and would otherwise pass.
 pub fn checked_element_count(shape: &[u64], max_elements: u64) -> Result<u64> {
+    if let Some(d) = shape.iter().find(|&&d| d > i64::MAX as u64) {
+        return Err(ProtocolError::invalid(format!(
+            "shape {} has a dimension {d} larger than the int64 maximum {}",
+            format_shape(shape),
+            i64::MAX
+        )));
+    }
     let mut n: u64 = 1;
     for &d in shape {
         n = n.checked_mul(d).ok_or_else(|| {
@@ -247,10 +256,17 @@ mod tests {
         assert_eq!(checked_element_count(&[2, 3], 100).unwrap(), 6);
         assert_eq!(checked_element_count(&[], 100).unwrap(), 1);
         assert_eq!(
-            checked_element_count(&[u64::MAX, 2], u64::MAX)
+            checked_element_count(&[i64::MAX as u64, 3], u64::MAX)
                 .unwrap_err()
                 .to_string(),
-            "shape [18446744073709551615,2] has more elements than fit in 64 bits"
+            "shape [9223372036854775807,3] has more elements than fit in 64 bits"
+        );
+        // No elements, but a dimension no int64 holds.
+        assert_eq!(
+            checked_element_count(&[0, 1 << 63], u64::MAX)
+                .unwrap_err()
+                .to_string(),
+            "shape [0,9223372036854775808] has a dimension 9223372036854775808 larger than the int64 maximum 9223372036854775807"
         );
         assert_eq!(
             checked_element_count(&[10, 11], 100).unwrap_err(),
