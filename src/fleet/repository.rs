@@ -40,18 +40,24 @@ impl Fleet {
         let backends = self.backends();
         let calls = backends
             .iter()
-            .filter(|h| h.capabilities().repository)
+            .filter(|h| {
+                // A backend that never answered may have a repository: it is listed (as
+                // skipped), so that the answer does not claim the whole fleet took the change.
+                let state = h.state.load();
+                state.capabilities.repository || (!state.reachable && state.server.is_none())
+            })
             .map(|h| async move {
+                let skipped = || ControlOutcome {
+                    backend: h.name.clone(),
+                    result: Ok(()),
+                    refused: false,
+                    in_process: h.backend.in_process(),
+                    skipped: true,
+                };
                 if !h.state.load().reachable {
                     // A backend that is down would fail every load and unload of the fleet
                     // until it returns; it reads its repository when it does.
-                    return ControlOutcome {
-                        backend: h.name.clone(),
-                        result: Ok(()),
-                        refused: false,
-                        in_process: h.backend.in_process(),
-                        skipped: true,
-                    };
+                    return skipped();
                 }
                 if action == RepositoryAction::Load {
                     mark_loading(h, model);
@@ -59,6 +65,8 @@ impl Fleet {
                 let (result, refused) =
                     match tokio::time::timeout(timeout, h.backend.control(model, action)).await {
                         Ok(Ok(())) => (Ok(()), false),
+                        // Down since the last health check: nothing was sent, as above.
+                        Ok(Err(BackendError::Connect(_))) => return skipped(),
                         Ok(Err(e)) => (Err(message(&e)), refusal(&e)),
                         Err(_) => (
                             Err(format!("no answer within {} ms", timeout.as_millis())),

@@ -84,10 +84,12 @@ impl From<String> for ConfigError {
     }
 }
 
+/// The largest config.pbtxt read (Triton's own are a few kilobytes).
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
 /// Reads `path`. Errors name the file and, for syntax, the line.
 pub fn read(path: &Path) -> Result<ModelConfigFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let text = super::read_small_file(path, MAX_CONFIG_BYTES)?;
     parse(&text).map_err(|e| match e.line {
         Some(line) => format!("{}:{line}: {}", path.display(), e.message),
         None => format!("{}: {}", path.display(), e.message),

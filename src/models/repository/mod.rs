@@ -330,6 +330,37 @@ fn select_versions(
     })
 }
 
+/// The largest label file read: a million classes of 60 bytes each.
+const MAX_LABELS_BYTES: u64 = 64 << 20;
+
+/// Reads a text file of a model's directory (config.pbtxt, a label file). Only a regular
+/// file, after symlinks, of at most `max` bytes: a FIFO would block the load forever, and a
+/// link to a device such as /dev/zero would never end.
+fn read_small_file(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot read {}: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| cannot(&e))?;
+    if !meta.is_file() {
+        return Err(cannot(&"not a regular file"));
+    }
+    if meta.len() > max {
+        return Err(cannot(&format!(
+            "it has {} bytes, more than the {max} such a file may have",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_string(&mut text))
+        .map_err(|e| cannot(&e))?;
+    if text.len() as u64 > max {
+        return Err(cannot(&format!(
+            "it grew past the {max} bytes such a file may have"
+        )));
+    }
+    Ok(text)
+}
+
 fn read_labels(
     dir: &Path,
     config: &ModelConfigFile,
@@ -346,13 +377,8 @@ fn read_labels(
             ));
         }
         let path = dir.join(file);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "output '{}': cannot read {}: {e}",
-                output.tensor.name,
-                path.display()
-            )
-        })?;
+        let text = read_small_file(&path, MAX_LABELS_BYTES)
+            .map_err(|e| format!("output '{}': {e}", output.tensor.name))?;
         let mut lines: Vec<String> = text.lines().map(|l| l.trim_end().to_string()).collect();
         while lines.last().is_some_and(String::is_empty) {
             lines.pop();
@@ -435,6 +461,37 @@ impl Model for VersionedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("tg-small-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let labels = dir.join("labels.txt");
+        std::fs::write(&labels, "cat\ndog\n").unwrap();
+        assert_eq!(read_small_file(&labels, 8).unwrap(), "cat\ndog\n");
+        assert_eq!(
+            read_small_file(&labels, 7).unwrap_err(),
+            format!(
+                "cannot read {}: it has 8 bytes, more than the 7 such a file may have",
+                labels.display()
+            )
+        );
+        // A link to a device that never ends, and a FIFO that would block the load.
+        let zero = dir.join("zero.txt");
+        let _ = std::fs::remove_file(&zero);
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let fifo = dir.join("fifo.txt");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for path in [&zero, &fifo] {
+            assert_eq!(
+                read_small_file(path, 1 << 20).unwrap_err(),
+                format!("cannot read {}: not a regular file", path.display())
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn version_directories_are_named_as_triton_reads_them() {
