@@ -246,6 +246,74 @@ async fn idle_and_silent_connections_are_closed_after_the_header_read_timeout() 
     gw.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_h2_connections_are_closed_after_the_header_read_timeout() {
+    use http_body_util::{BodyExt, Empty};
+    let gw = gateway(|c| c.limits.header_read_timeout_ms = 300).await;
+    let h2 = |addr| async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        (send, tokio::spawn(conn))
+    };
+    // Idle after one answered request, and one that never sends a request: both closed.
+    let (mut send, conn) = h2(gw.addr).await;
+    let r = send
+        .send_request(
+            http::Request::get(format!("http://{}/v2/health/live", gw.addr))
+                .body(Empty::<bytes::Bytes>::new().boxed())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, r#"{"live":true}"#);
+    let (_silent, silent_conn) = h2(gw.addr).await;
+    for (what, conn) in [("idle", conn), ("silent", silent_conn)] {
+        tokio::time::timeout(Duration::from_secs(10), conn)
+            .await
+            .unwrap_or_else(|_| panic!("an {what} h2 connection outlived the header-read timeout"))
+            .unwrap()
+            .unwrap();
+    }
+    assert!(send.is_closed());
+
+    // A stream open longer than the timeout keeps its connection: a request whose body is
+    // still coming.
+    let (mut send, mut conn) = h2(gw.addr).await;
+    type Frame = Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>;
+    let (sender, frames) = tokio::sync::mpsc::channel::<Frame>(1);
+    let request_body =
+        http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(frames))
+            .boxed();
+    let pending = tokio::spawn(
+        send.send_request(
+            http::Request::post(format!("http://{}/v2/models/simple/infer", gw.addr))
+                .body(request_body)
+                .unwrap(),
+        ),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(900), &mut conn)
+            .await
+            .is_err(),
+        "a connection with an open stream was closed as idle"
+    );
+    drop(sender);
+    let _ = pending.await;
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("idle once its stream ended")
+        .unwrap()
+        .unwrap();
+    gw.shutdown().await;
+}
+
 /// A v2 backend serving model `m` (FP32 INPUT0 [-1]) that never answers an infer request:
 /// what a hung model server looks like to the gateway.
 async fn hung_backend() -> std::net::SocketAddr {

@@ -9,10 +9,20 @@
 
 use std::future::poll_fn;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::watch;
+
+use super::idle::Activity;
+
+/// Sleeps until `at` (never, without one).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// How long a connection that has sent nothing yet may stay once a shutdown has begun: long
 /// enough for a request its client is already sending, short enough that a silent peer (a
@@ -66,15 +76,36 @@ impl Watch {
     /// first one, on a new connection) and closes, an idle keep-alive connection closes at
     /// once, and h2 sends GOAWAY and finishes its open streams.
     pub async fn drive<C: GracefulConnection>(self, conn: C) -> C::Output {
+        self.drive_idle(conn, None).await
+    }
+
+    /// [`Watch::drive`], and also a graceful close once the connection has had no open
+    /// stream for `idle.1` (for h2, whose idle connections hyper never closes).
+    pub async fn drive_idle<C: GracefulConnection>(
+        self,
+        conn: C,
+        idle: Option<(&Activity, Duration)>,
+    ) -> C::Output {
         let Watch { mut rx } = self;
         let mut conn = std::pin::pin!(conn);
         if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(conn.as_mut().poll(cx))).await {
             return done;
         }
-        tokio::select! {
-            done = conn.as_mut() => return done,
-            // An error means the server is gone without a word: shut down all the same.
-            _ = rx.wait_for(|stopping| *stopping) => {}
+        loop {
+            // With streams open, look again a whole timeout later.
+            let check = idle.map(|(a, t)| a.idle_deadline(t).unwrap_or_else(|| Instant::now() + t));
+            tokio::select! {
+                done = conn.as_mut() => return done,
+                // An error means the server is gone without a word: shut down all the same.
+                _ = rx.wait_for(|stopping| *stopping) => break,
+                () = sleep_until(check), if check.is_some() => {
+                    let (activity, timeout) = idle.expect("checked only with an idle bound");
+                    if activity.idle_deadline(timeout).is_some_and(|d| d <= Instant::now()) {
+                        tracing::debug!("h2 connection idle for the header-read timeout; closed");
+                        break;
+                    }
+                }
+            }
         }
         conn.as_mut().graceful_shutdown();
         // `rx` lives until here, so the drain waits for this connection.

@@ -33,6 +33,7 @@ use crate::tls::ReloadableTls;
 mod conn;
 mod content_coding;
 mod drain;
+mod idle;
 
 use content_coding::CanonicalCoding;
 
@@ -258,13 +259,26 @@ where
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("no request within the header-read timeout".to_string()),
         };
-        let builder = match proto {
-            conn::Proto::Http1 => &self.http1,
-            conn::Proto::H2 => &self.h2,
-        };
-        let service = TowerToHyperService::new(self.service.clone());
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        watch.drive(connection).await.map_err(|e| e.to_string())
+        let io = TokioIo::new(io);
+        match proto {
+            conn::Proto::Http1 => {
+                let service = TowerToHyperService::new(self.service.clone());
+                let connection = self.http1.serve_connection(io, service);
+                watch.drive(connection).await
+            }
+            // hyper bounds how long an idle HTTP/1 connection stays (the header-read
+            // timeout); h2 gets the same bound here.
+            conn::Proto::H2 => {
+                let activity = idle::Activity::new();
+                let service = idle::Tracked::new(self.service.clone(), Arc::clone(&activity));
+                let connection = self
+                    .h2
+                    .serve_connection(io, TowerToHyperService::new(service));
+                let bound = Some((&*activity, self.header_read_timeout));
+                watch.drive_idle(connection, bound).await
+            }
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// Closes the listener, first serving the connections the kernel has already completed:
