@@ -830,3 +830,55 @@ async fn an_empty_batch_counts_no_inference() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_body_is_decoded_count_against_the_model() {
+    let mut config = loopback_config(true);
+    config.limits.body_read_timeout_ms = 300;
+    let gw = tensorgate::run::start(config, true).await.unwrap();
+    let url = format!("http://{}/v2/models/simple/infer", gw.addr);
+    let client = reqwest::Client::new();
+    let body = serde_json::to_vec(&simple_body(1)).unwrap();
+    let cases: [(&str, &str, Vec<u8>, u16); 3] = [
+        ("content-encoding", "br", body.clone(), 415),
+        ("content-encoding", "gzip", b"not gzip at all".to_vec(), 400),
+        ("inference-header-content-length", "abc", body.clone(), 400),
+    ];
+    for (name, value, body, status) in cases {
+        let r = client
+            .post(&url)
+            .header(name, value)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{name}: {value}");
+    }
+    // A body that stops coming: 408 at the body-read timeout.
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = "POST /v2/models/simple/infer HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\n{";
+    tokio::io::AsyncWriteExt::write_all(&mut s, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 64];
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut s, &mut answer),
+    )
+    .await
+    .expect("an answer at the body-read timeout")
+    .unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    let text = metrics_text(&gw).await;
+    let m = parse(&text);
+    assert_eq!(
+        m.get(r#"nv_inference_request_failure{model="simple",reason="REJECTED",version="1"}"#),
+        Some(&4.0),
+        "{text}"
+    );
+    gw.shutdown().await;
+}

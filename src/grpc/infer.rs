@@ -127,10 +127,13 @@ pub(super) async fn call(
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let request_id = headers.get(REQUEST_ID).cloned();
+    // The model, once the message has named it: a call cancelled after that is a CANCELED
+    // failure of that model's, as on a stream and over REST.
+    let named = std::sync::OnceLock::new();
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
             request_id: request_id.clone(),
-            model: None,
+            model: named.get().cloned(),
         };
         went_away(gw, INFER_PATH, start, WENT_AWAY, what)
     });
@@ -140,6 +143,8 @@ pub(super) async fn call(
     let result = async {
         let ctx = RpcContext::from_headers(headers, arrived)?;
         let msg = read.await?;
+        let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
+        let _ = named.set((msg.model_name.clone(), version));
         infer_one(gw, msg, &ctx, &mut obs).await
     }
     .await;

@@ -256,12 +256,15 @@ where
             handlers::model_config(gw, &model, version.as_deref()).await
         }
         Route::Infer { model, version } => {
-            check_content_encoding(&req)?;
             let config = gw.config();
-            let header_length =
-                infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
-            let (parts, body) = req.into_parts();
-            let body = read_in_time(&config, body, config.limits.max_body_bytes).await?;
+            let (parts, body, header_length) = match read_infer_body(&config, req).await {
+                Ok(read) => read,
+                Err(e) => {
+                    // Refused before the core saw it: still a failure of this model's.
+                    gw.observe_model(model, version, obs);
+                    return Err(e);
+                }
+            };
             obs.bytes_in = body.len() as u64;
             let mut answer = infer::infer(
                 gw,
@@ -277,6 +280,23 @@ where
             Ok(answer)
         }
     }
+}
+
+/// An inference's head and whole body, with its `Inference-Header-Content-Length`, or why
+/// they cannot be read (a content coding, a header, a body too large or too slow).
+async fn read_infer_body<B>(
+    config: &crate::config::Config,
+    req: Request<B>,
+) -> Result<(http::request::Parts, Bytes, Option<usize>), GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    check_content_encoding(&req)?;
+    let header_length = infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
+    let (parts, body) = req.into_parts();
+    let body = read_in_time(config, body, config.limits.max_body_bytes).await?;
+    Ok((parts, body, header_length))
 }
 
 /// Marks the one kind of answer the server compresses for a client that accepts it: a
