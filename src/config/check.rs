@@ -84,7 +84,7 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
         let message = with_key(&lines, line, e.message());
         let consequence = blanked_keys
             .iter()
-            .any(|k| message == format!("missing field `{k}`"));
+            .any(|k| message.ends_with(&format!("missing field `{k}`")));
         if !consequence {
             errors.push(ConfigError { line, message });
         }
@@ -111,6 +111,15 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
 /// type: ...`, `server.lisen: unknown field ...`. The key is the one
 /// assigned on the error's line, under the last table header above it.
 fn with_key(lines: &[&str], line: Option<usize>, message: &str) -> String {
+    // A missing field is reported at its table's header: name the table.
+    let header = line
+        .and_then(|l| lines.get(l - 1))
+        .map(|text| text.trim())
+        .filter(|text| text.starts_with('['));
+    if let Some(header) = header {
+        let table = header.trim_matches(|c| c == '[' || c == ']').trim();
+        return format!("{table}: {message}");
+    }
     let Some(key) = line
         .and_then(|l| lines.get(l - 1))
         .and_then(|text| text.split_once('='))
@@ -141,7 +150,15 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
     // Each server's first backend: its name and URL as written.
     let mut urls: std::collections::HashMap<String, (&str, &str)> =
         std::collections::HashMap::new();
-    for b in &config.backends {
+    let doc = toml_edit::ImDocument::parse(text).ok();
+    for (i, b) in config.backends.iter().enumerate() {
+        if b.name.get_ref().trim().is_empty() {
+            errors.push(ConfigError {
+                line: Some(line_of(text, b.name.span().start)),
+                message: "a backend's name must not be empty: logs, metrics and answers name it"
+                    .into(),
+            });
+        }
         let new_name = names.insert(b.name.get_ref().clone());
         if !new_name {
             errors.push(ConfigError {
@@ -204,13 +221,17 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             });
         }
         if b.weight == 0 {
+            let weight_line = doc
+                .as_ref()
+                .and_then(|d| d.get("backends")?.as_array_of_tables()?.get(i))
+                .and_then(|t| t.get_key_value("weight")?.0.span())
+                .map(|span| line_of(text, span.start));
             errors.push(ConfigError {
-                line: Some(line_of(text, b.name.span().start)),
+                line: weight_line.or(Some(line_of(text, b.name.span().start))),
                 message: format!("backend '{}': weight must be at least 1", b.name.get_ref()),
             });
         }
     }
-    let doc = toml_edit::ImDocument::parse(text).ok();
     errors.extend(
         check_pins(&config.fleet.pins)
             .into_iter()
@@ -572,6 +593,13 @@ fn check_url(url: &str) -> Result<(), String> {
     if !matches!(uri.path(), "" | "/") {
         return Err(format!("backend url '{url}' must not have a path"));
     }
+    // The v2 paths are appended to the URL: a query would end up nowhere (every probe and
+    // request of the backend would go to a path it does not serve).
+    if uri.query().is_some() || url.contains('#') {
+        return Err(format!(
+            "backend url '{url}' must not have a query or fragment: the v2 paths are appended to it"
+        ));
+    }
     Ok(())
 }
 
@@ -796,8 +824,30 @@ mod tests {
             e,
             vec![
                 "line 3: backend 'b': discovery = \"dns\" needs an http:// or https:// URL",
-                "line 2: backend 'b': weight must be at least 1",
+                "line 5: backend 'b': weight must be at least 1",
             ]
+        );
+        // A missing field names its table; an empty name, and a URL with a query, are
+        // refused (the v2 paths are appended to the URL).
+        assert_eq!(
+            errors("[[backends]]\nurl = \"http://h:1\"\n"),
+            ["line 1: backends: missing field `name`"]
+        );
+        assert_eq!(
+            errors("[server.tls]\ncert = \"c.pem\"\n"),
+            ["line 1: server.tls: missing field `key`"]
+        );
+        assert_eq!(
+            errors("[[backends]]\nname = \"\"\nurl = \"http://h:1/?x=1\"\n"),
+            [
+                "line 2: a backend's name must not be empty: logs, metrics and answers name it",
+                "line 3: backend url 'http://h:1/?x=1' must not have a query or fragment: the v2 paths are appended to it",
+            ]
+        );
+        // A wrong type blanked to find more errors is not also a missing field.
+        assert_eq!(
+            errors("[[backends]]\nname = 5\nurl = \"http://h:1\"\n"),
+            ["line 2: backends.name: invalid type: integer `5`, expected a string"]
         );
         let e = errors("[[backends]]\nname = \"a\"\nurl = \"builtin\"\nencoding = \"xml\"\n");
         assert!(
