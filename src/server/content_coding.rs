@@ -30,24 +30,34 @@ where
     }
 }
 
-/// Rewrites a single `Content-Encoding` that names gzip or deflate in another spelling.
-/// Anything else (identity, several codings, codings we do not decode) stays as sent, for
-/// the edge to accept or refuse by name.
+/// Rewrites a `Content-Encoding` that comes to one gzip or deflate coding in another
+/// spelling, or with `identity` beside it (a no-op coding, RFC 9110 8.4.1: `gzip, identity`
+/// is gzip); one of identity alone is removed. Anything else (stacked codings, codings we do
+/// not decode) stays as sent, for the edge to refuse by name.
 fn canonical_coding(headers: &mut HeaderMap) {
+    if !headers.contains_key(header::CONTENT_ENCODING) {
+        return;
+    }
+    let mut codings = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+    let canonical = match (codings.next(), codings.next()) {
+        (None, _) => {
+            headers.remove(header::CONTENT_ENCODING);
+            return;
+        }
+        (Some(c), None) if c.eq_ignore_ascii_case(b"gzip") || c.eq_ignore_ascii_case(b"x-gzip") => {
+            "gzip"
+        }
+        (Some(c), None) if c.eq_ignore_ascii_case(b"deflate") => "deflate",
+        _ => return,
+    };
     let mut values = headers.get_all(header::CONTENT_ENCODING).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        // None, or several header lines: stacked codings, refused by name at the edge.
-        return;
-    };
-    let sent = value.as_bytes().trim_ascii();
-    let canonical = if sent.eq_ignore_ascii_case(b"gzip") || sent.eq_ignore_ascii_case(b"x-gzip") {
-        "gzip"
-    } else if sent.eq_ignore_ascii_case(b"deflate") {
-        "deflate"
-    } else {
-        return;
-    };
-    if sent != canonical.as_bytes() || value.as_bytes().len() != canonical.len() {
+    let as_is = matches!((values.next(), values.next()), (Some(v), None) if v == canonical);
+    if !as_is {
         headers.insert(
             header::CONTENT_ENCODING,
             HeaderValue::from_static(canonical),
@@ -59,24 +69,35 @@ fn canonical_coding(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
-    fn coding(sent: &str) -> String {
+    /// The header lines after `canonical_coding`, joined by `|`.
+    fn coding(sent: &[&'static str]) -> String {
         let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_ENCODING,
-            HeaderValue::from_str(sent).unwrap(),
-        );
+        for v in sent {
+            h.append(header::CONTENT_ENCODING, HeaderValue::from_static(v));
+        }
         canonical_coding(&mut h);
-        h[header::CONTENT_ENCODING].to_str().unwrap().to_string()
+        let values: Vec<&str> = h
+            .get_all(header::CONTENT_ENCODING)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        values.join("|")
     }
 
     #[test]
-    fn several_header_lines_stay_as_sent() {
-        let mut h = HeaderMap::new();
-        h.append(header::CONTENT_ENCODING, HeaderValue::from_static("GZIP"));
-        h.append(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
-        canonical_coding(&mut h);
-        let values: Vec<_> = h.get_all(header::CONTENT_ENCODING).iter().collect();
-        assert_eq!(values, ["GZIP", "br"]);
+    fn stacked_codings_stay_as_sent() {
+        assert_eq!(coding(&["GZIP", "br"]), "GZIP|br");
+        assert_eq!(coding(&["gzip, gzip"]), "gzip, gzip");
+        assert_eq!(coding(&["gzip, br"]), "gzip, br");
+    }
+
+    #[test]
+    fn identity_beside_a_coding_is_dropped_and_alone_removed() {
+        assert_eq!(coding(&["gzip, identity"]), "gzip");
+        assert_eq!(coding(&["identity", "Deflate"]), "deflate");
+        assert_eq!(coding(&["IDENTITY"]), "");
+        assert_eq!(coding(&["identity, identity"]), "");
+        assert_eq!(coding(&["br, identity"]), "br, identity");
     }
 
     #[test]
@@ -89,10 +110,8 @@ mod tests {
             (" gzip ", "gzip"),
             ("Deflate", "deflate"),
             ("br", "br"),
-            ("gzip, gzip", "gzip, gzip"),
-            ("IDENTITY", "IDENTITY"),
         ] {
-            assert_eq!(coding(sent), canonical, "{sent}");
+            assert_eq!(coding(&[sent]), canonical, "{sent}");
         }
     }
 }
