@@ -82,7 +82,7 @@ pub fn prepare_process(config: &Config) {
 }
 
 /// Starts a gateway from `config`. With `with_metrics`, the metrics listener starts too.
-/// Returns once the listeners are bound and the first discovery round is done.
+/// Returns once the listeners serve and the first discovery round is done.
 pub async fn start(config: Config, with_metrics: bool) -> Result<Running, String> {
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver::new()?);
     start_with_resolver(config, with_metrics, resolver).await
@@ -126,18 +126,6 @@ pub async fn start_with_resolver(
     };
     let grpc_addr = grpc_listener.as_ref().and_then(|l| l.local_addr().ok());
 
-    fleet.reconcile(&config).await?;
-    let refresher = tokio::spawn(
-        fleet
-            .clone()
-            .run_refresh(Duration::from_millis(config.fleet.refresh_interval_ms)),
-    );
-    let background = vec![
-        refresher,
-        tokio::spawn(rediscover(gateway.clone())),
-        tokio::spawn(sweep_pins(gateway.clone())),
-    ];
-
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -174,6 +162,26 @@ pub async fn start_with_resolver(
             ServeOptions::plain(Duration::from_secs(1)),
         )));
     }
+    // The listeners serve while the first discovery round runs (a worker reading a large
+    // model repository takes a while): liveness answers, readiness says not yet (503), as
+    // the probes of an orchestrator expect, rather than connections left unanswered.
+    if let Err(e) = fleet.reconcile(&config).await {
+        let _ = stop.send(true);
+        for t in &tasks {
+            t.abort();
+        }
+        return Err(e);
+    }
+    let refresher = tokio::spawn(
+        fleet
+            .clone()
+            .run_refresh(Duration::from_millis(config.fleet.refresh_interval_ms)),
+    );
+    let background = vec![
+        refresher,
+        tokio::spawn(rediscover(gateway.clone())),
+        tokio::spawn(sweep_pins(gateway.clone())),
+    ];
     Ok(Running {
         addr,
         metrics_addr,

@@ -882,6 +882,49 @@ fn spawn_load(base: &str, model: &str) -> tokio::task::JoinHandle<u16> {
 
 /// While a load runs (VGG-19 takes a while to optimise), the index says LOADING for the
 /// model, and READY once the load has answered; while it is loaded again, READY.
+/// A worker answers liveness (and says it is not ready) while it reads its repository,
+/// rather than leaving probes unanswered until every model has loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_live_while_it_reads_its_repository() {
+    // ResNet-50 takes tract seconds to optimise in a debug build; liveness answers within
+    // a few milliseconds of the listener.
+    let repo = TempDir::new("onnx-startup");
+    std::fs::create_dir_all(repo.path("resnet50/1")).unwrap();
+    std::fs::copy(
+        fixtures().join("light/resnet50.onnx"),
+        repo.path("resnet50/1/model.onnx"),
+    )
+    .unwrap();
+    let dir = repo.0.to_str().unwrap();
+    let mut w = Worker::spawn(
+        "w",
+        "127.0.0.1",
+        0,
+        &["simple"],
+        &["--model-repository", dir],
+        &[],
+    );
+    let client = http_client();
+    let mut live = None;
+    for _ in 0..200 {
+        if let Ok(r) = client.get(format!("{}/v2/health/live", w.url)).send().await {
+            live = Some(r.status().as_u16());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(live, Some(200), "liveness never answered");
+    let r = client
+        .get(format!("{}/v2/health/ready", w.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "ready before resnet50 was read");
+    common_fleet::wait_ready(&client, &w.url, &mut w.process, &w.log).await;
+    let idx = index(&client, &w.url).await;
+    assert_eq!(entry(&idx, "resnet50", "1").unwrap()["state"], "READY");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_is_loading_while_its_load_runs() {
     let repo = TempDir::new("onnx-loading");

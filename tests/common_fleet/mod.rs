@@ -19,8 +19,9 @@ use tensorgate::run::Running;
 
 pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
-/// How long a process may take to become ready.
-const READY_WAIT: Duration = Duration::from_secs(20);
+/// How long a process may take to become ready: a worker answers (503) while it reads its
+/// repository, and tract optimises VGG-19 in some 25 s in a debug build on a busy machine.
+const READY_WAIT: Duration = Duration::from_secs(120);
 
 /// A port that was free on `ip` a moment ago.
 pub fn free_port(ip: &str) -> u16 {
@@ -85,7 +86,7 @@ impl Drop for ChildGuard {
 }
 
 /// Polls `GET {base}/v2/health/ready` until it answers 200, for a bounded time.
-async fn wait_ready(client: &reqwest::Client, base: &str, child: &mut ChildGuard, log: &Path) {
+pub async fn wait_ready(client: &reqwest::Client, base: &str, child: &mut ChildGuard, log: &Path) {
     let deadline = Instant::now() + READY_WAIT;
     loop {
         if let Some(status) = child.exited() {
@@ -168,7 +169,8 @@ impl Worker {
         w
     }
 
-    fn spawn(
+    /// `start_with` without the wait for readiness.
+    pub fn spawn(
         name: &str,
         ip: &str,
         port: u16,
