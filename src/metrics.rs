@@ -237,13 +237,13 @@ impl Metrics {
             bytes_received: counter(
                 &r,
                 "tensorgate_received_bytes_total",
-                "Request body bytes received from clients",
+                "Request body bytes received from clients, after content decoding (gzip, deflate)",
                 &["model"],
             ),
             bytes_sent: counter(
                 &r,
                 "tensorgate_sent_bytes_total",
-                "Response body bytes sent to clients",
+                "Response body bytes sent to clients, before content coding",
                 &["model"],
             ),
             transcoded_bytes: counter(
