@@ -544,6 +544,57 @@ async fn a_refused_sequence_request_leaves_no_key() {
     gw.shutdown().await;
 }
 
+/// A live sequence whose backend is gone (its connection refused, before a health check saw
+/// it): the state is lost (503), and the pin goes from the store too, so that no replica
+/// sends the id there again; a new start of the id is stored where it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_whose_backend_is_gone_leaves_the_store() {
+    let redis = Redis::start().await;
+    let mut workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let fleet = pins_toml("refresh_interval_ms = 60000", &redis.url());
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
+    let b = base(&gw);
+    let client = http_client();
+    let r = accumulate(&client, &b, 46, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let served = r.backend.clone().unwrap();
+    let key = format!("{PREFIX}accumulate:u:46");
+    let gone = workers.iter_mut().find(|w| w.name == served).unwrap();
+    let gone_url = gone.url.clone();
+    assert_eq!(redis.get(&key), Some(gone_url.clone()));
+    gone.process.kill();
+
+    let r = accumulate(&client, &b, 46, false, false, 1).await;
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            503,
+            Some(format!("the backend of sequence 46 of model 'accumulate' ({gone_url}) is unavailable; the sequence's state is lost").as_str())
+        )
+    );
+    assert_eq!(
+        redis.get(&key),
+        None,
+        "the lost sequence's pin stayed in the store"
+    );
+    assert!(gw
+        .gateway
+        .router
+        .pins
+        .get("accumulate", &SequenceId::Uint(46))
+        .is_none());
+    let r = accumulate(&client, &b, 46, true, false, 5).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let now = workers
+        .iter()
+        .find(|w| Some(&w.name) == r.backend.as_ref())
+        .unwrap();
+    assert_eq!(redis.get(&key), Some(now.url.clone()));
+    assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
+
 /// A Redis that accepts connections and never answers: every operation times out, and
 /// every request is still served, by the hash table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
