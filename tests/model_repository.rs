@@ -1344,6 +1344,41 @@ async fn versions_with_other_tensors_are_checked_against_their_own_metadata() {
     gw.shutdown().await;
 }
 
+/// A model unloaded on a backend behind the gateway's back (before the next refresh): the
+/// backend's 404 is not the client's error. The request goes to a backend that still has it,
+/// and with none left the answer is a 503 naming the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_lost_a_model_is_not_the_clients_fault() {
+    let (ra, rb) = (repository("lost-a"), repository("lost-b"));
+    let (a, b) = (worker("a", &ra.0).await, worker("b", &rb.0).await);
+    let gw = gateway_over(&[("a", &a.url), ("b", &b.url)]).await;
+    let client = http_client();
+    let base = base(&gw);
+    let unload = |url: &str| format!("{url}/v2/repository/models/mlp/unload");
+    let body = json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]});
+    let (status, _) = post_json(&client, &unload(&a.url), &json!({})).await;
+    assert_eq!(status, 200);
+    for i in 0..8 {
+        let r = post_infer(&client, &base, "mlp", &body).await;
+        assert_eq!(
+            (r.status, r.backend.as_deref()),
+            (200, Some("b")),
+            "request {i}: {r:?}"
+        );
+    }
+    let (status, _) = post_json(&client, &unload(&b.url), &json!({})).await;
+    assert_eq!(status, 200);
+    let r = post_infer(&client, &base, "mlp", &body).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    let error = r.error().unwrap();
+    assert!(
+        error.starts_with("backend '")
+            && error.contains("' no longer serves model 'mlp' (it answered 404: model 'mlp' is not available: UNAVAILABLE on backend 'builtin'"),
+        "{error}"
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_never_answered_is_listed_skipped() {
     let repo = repository("never-answered");

@@ -473,9 +473,23 @@ impl Attempt<'_> {
                         backend.health.record_success();
                     }
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
+                    // A 404 from a backend the catalog says serves the model: it no longer
+                    // does (unloaded, or restarted with another repository since the last
+                    // refresh). Nothing ran, so another backend may take the request.
+                    let retry = if status == StatusCode::NOT_FOUND {
+                        Retry::Anywhere
+                    } else {
+                        Retry::Never
+                    };
                     return Err(Failure {
-                        error: backend_status_error(backend, status, &bytes, model_failed),
-                        retry: Retry::Never,
+                        error: backend_status_error(
+                            backend,
+                            self.model,
+                            status,
+                            &bytes,
+                            model_failed,
+                        ),
+                        retry,
                         rejected: status == StatusCode::BAD_REQUEST,
                     });
                 }
@@ -596,16 +610,27 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
     }
 }
 
-/// A backend's 4xx is the client's error and goes back as it came; a 5xx is the backend's
-/// fault and says which backend.
+/// A backend's 4xx is the client's error and goes back as it came, but for a 404: the
+/// gateway found the model, so the backend that lacks it is out of date, not the client
+/// wrong (503, naming the backend). A 5xx is the backend's fault and says which backend.
 /// `model_failed`: a tensorgate worker marked the 5xx as a model's failure on the request.
 fn backend_status_error(
     backend: &BackendHandle,
+    model: &str,
     status: StatusCode,
     body: &Bytes,
     model_failed: bool,
 ) -> GatewayError {
     let message = error_message(body);
+    if status == StatusCode::NOT_FOUND {
+        return GatewayError::Backend {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "backend '{}' no longer serves model '{model}' (it answered 404: {message}); the gateway learns it at the next refresh",
+                backend.name
+            ),
+        };
+    }
     if status.is_client_error() {
         return GatewayError::Backend { status, message };
     }
