@@ -45,9 +45,14 @@ pub struct Capabilities {
 impl Capabilities {
     fn learn(server: &ServerMetadata, encoding: Encoding) -> Self {
         let lists_binary = server.supports(extensions::BINARY_TENSOR_DATA);
+        // KServe's ModelServer reads and writes binary tensors (the extension is KServe's
+        // own document) but does not list it (0.21 lists only "model_repository_extension"),
+        // and refuses FP16 in JSON: it gets binary too. Not exact outputs: it ignores the
+        // list of requested outputs.
+        let kserve = server.name == "kserve";
         Capabilities {
             binary: match encoding {
-                Encoding::Auto => lists_binary,
+                Encoding::Auto => lists_binary || kserve,
                 Encoding::Json => false,
                 Encoding::Binary => true,
             },
@@ -496,6 +501,32 @@ mod tests {
     use super::backend::{BackendError, BoxFuture, InferCall, ModelList, Reply};
     use super::*;
     use crate::protocol::ModelMetadata;
+
+    #[test]
+    fn kserve_gets_binary_tensors_without_listing_them() {
+        let server = |name: &str, extensions: &[&str]| ServerMetadata {
+            name: name.into(),
+            version: "0.21.0".into(),
+            extensions: extensions.iter().map(|e| e.to_string()).collect(),
+        };
+        let kserve = Capabilities::learn(
+            &server("kserve", &["model_repository_extension"]),
+            Encoding::Auto,
+        );
+        assert_eq!(
+            kserve,
+            Capabilities {
+                binary: true,
+                exact_outputs: false,
+                classification: false,
+                repository: true,
+            }
+        );
+        let json = Capabilities::learn(&server("kserve", &[]), Encoding::Json);
+        assert!(!json.binary, "the config's encoding wins");
+        let mlserver = Capabilities::learn(&server("mlserver", &[]), Encoding::Auto);
+        assert!(!mlserver.binary);
+    }
 
     /// Answers readiness probes from a script, one entry per probe.
     struct Scripted(Mutex<Vec<Result<(), BackendError>>>);

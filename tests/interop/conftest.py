@@ -50,7 +50,7 @@ from interop_util import ManagedProcess
 MLSERVER_MODEL_NAMES = ("simple", "identity_fp32")
 BUILTIN_WAIT_MODELS = ("simple", "identity_fp32")
 BUILTIN_GRPC_WAIT_MODELS = ("simple", "identity_fp32", "accumulate", "classifier")
-KSERVE_MODEL_NAMES = ("addsub", "double")
+KSERVE_MODEL_NAMES = ("addsub", "double", "half")
 KSERVE_SERVER = util.INTEROP_DIR / "kserve" / "addsub_server.py"
 ONNX_REPO = util.REPO_ROOT / "tests" / "fixtures" / "onnx" / "repo"
 ONNX_WAIT_MODELS = ("mlp", "cnn", "intbool")

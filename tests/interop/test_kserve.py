@@ -101,7 +101,7 @@ def run_addsub(client, in_bin=(True, True), out_bin=(True, True), seed=0, batch=
 def test_direct_kserve_metadata_and_listing(kserve):
     base = kserve.base
     r = requests.get(f"{base}/v2/models", timeout=10)
-    assert (r.status_code, r.json()) == (200, {"models": ["addsub", "double"]})
+    assert (r.status_code, r.json()) == (200, {"models": ["addsub", "double", "half"]})
     r = requests.get(f"{base}/v2/models/addsub", timeout=10)
     assert r.status_code == 200
     meta = r.json()
@@ -200,6 +200,34 @@ def test_gzip_request_body_raw_http(gateway_kserve):
     (out,) = r.json()["outputs"]
     assert out["name"] == "OUTPUT0"
     assert np.array(out["data"], dtype=np.float32).tobytes() == (a + b).ravel().tobytes()
+
+
+def test_direct_kserve_refuses_fp16_in_json(kserve):
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP16", "data": [1, 2, 3, 4]}]}
+    r = requests.post(f"{kserve.base}/v2/models/half/infer", json=body, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "Please use the binary data format" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_fp16_reaches_kserve_in_binary(gw_ks, gateway_kserve, binary):
+    """KServe reads binary tensors without listing the extension, and refuses FP16 in JSON:
+    the gateway sends it binary, whatever the client sent (FP16 in JSON is the gateway's to
+    accept)."""
+    x = np.array([[1.0, 2.5, -3.0, 0.125], [0.0, -0.5, 1024.0, 6.0]], dtype=np.float16)
+    if binary:
+        result = gw_ks.infer("half", [make_input("INPUT0", x, "FP16", True)])
+        got = result.as_numpy("OUTPUT0")
+        assert got.dtype == np.float16
+    else:
+        body = {"inputs": [{"name": "INPUT0", "shape": [2, 4], "datatype": "FP16",
+                            "data": x.astype(np.float64).ravel().tolist()}]}
+        r = requests.post(f"{gateway_kserve.base}/v2/models/half/infer", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+        (out,) = r.json()["outputs"]
+        assert (out["datatype"], out["shape"]) == ("FP16", [2, 4])
+        got = np.array(out["data"], dtype=np.float16).reshape(out["shape"])
+    assert got.tobytes() == (2 * x).tobytes()
 
 
 def test_raw_binary_request(gateway_kserve):

@@ -16,6 +16,8 @@ Models:
   double  INPUT0 FP32 [-1, 4] -> OUTPUT0 = 2 * INPUT0. Written like KServe's own predictors
           (kserve.utils.utils.get_predict_response): it honours the requested outputs and
           their binary_data, so KServe's binary output path is exercised too.
+  half    INPUT0 FP16 [-1, 4] -> OUTPUT0 = 2 * INPUT0, FP16, like double. KServe refuses FP16
+          in JSON ("Please use the binary data format"), so it works only in binary.
 
 Both return a string `id` (the request's, else a new UUID), as KServe requires. Nothing here
 works around how KServe answers (metadata without versions, no repository index, ...): the
@@ -98,5 +100,25 @@ class Double(kserve.Model):
                              requested_outputs=payload.request_outputs)
 
 
+class Half(Double):
+    def __init__(self, name: str = "half"):
+        super().__init__(name)
+
+    def get_input_types(self):
+        return [dict(name="INPUT0", datatype="FP16", shape=[-1, 4])]
+
+    def get_output_types(self):
+        return [dict(name="OUTPUT0", datatype="FP16", shape=[-1, 4])]
+
+    def predict(self, payload: InferRequest, headers: Optional[Dict[str, str]] = None) -> InferResponse:
+        x = payload.inputs[0].as_numpy().astype(np.float16)
+        out = InferOutput(name="OUTPUT0", shape=list(x.shape), datatype="FP16")
+        out.set_data_from_numpy(2 * x, binary_data=True)
+        return InferResponse(model_name=self.name, infer_outputs=[out],
+                             response_id=payload.id if payload.id else generate_uuid(),
+                             use_binary_outputs=True,
+                             requested_outputs=payload.request_outputs)
+
+
 if __name__ == "__main__":
-    kserve.ModelServer().start([AddSub(), Double()])
+    kserve.ModelServer().start([AddSub(), Double(), Half()])
