@@ -128,9 +128,15 @@ impl GatewayError {
     /// clients (grpcio, grpc-go) refuse metadata over 16 KiB with RESOURCE_EXHAUSTED, losing
     /// the real error: a message that echoes a long name or shape back is cut short.
     pub fn to_grpc(&self) -> tonic::Status {
-        tonic::Status::new(
+        self.to_grpc_with(tonic::metadata::MetadataMap::new())
+    }
+
+    /// [`GatewayError::to_grpc`], with metadata (the backend that answered) beside it.
+    pub fn to_grpc_with(&self, metadata: tonic::metadata::MetadataMap) -> tonic::Status {
+        tonic::Status::with_metadata(
             self.grpc_code(),
             cut_short(self.message(), GRPC_MESSAGE_MAX),
+            metadata,
         )
     }
 

@@ -1270,6 +1270,23 @@ async fn requests_whose_client_went_away_are_counted() {
     gw.shutdown().await;
 }
 
+/// An error message that echoes a 20,000-character name is cut short: whole, it would
+/// overflow the client's 16 KiB limit on trailers, and the client would see
+/// RESOURCE_EXHAUSTED instead of the real error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_error_messages_are_cut_short() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let mut long = simple(&[0; 16], &[0; 16]);
+    long.model_name = "n".repeat(20_000);
+    let head = format!("unknown model '{}", "n".repeat(4096 - 15));
+    assert_status(
+        c.model_infer(long).await,
+        Code::NotFound,
+        &format!("{head}... (15920 more bytes of this message left out)"),
+    );
+    gw.shutdown().await;
+}
+
 /// The gRPC port answers gRPC only: a plain HTTP request (a probe pointed at the wrong port)
 /// gets 505 over HTTP/1 and 415 over HTTP/2 without the gRPC content-type, never a 200 that
 /// a checker would take for health.

@@ -106,11 +106,7 @@ pub async fn unary(
             *response.metadata_mut() = answer_metadata;
             Ok(response)
         }
-        Err(e) => Err(Status::with_metadata(
-            e.grpc_code(),
-            e.message(),
-            answer_metadata,
-        )),
+        Err(e) => Err(e.to_grpc_with(answer_metadata)),
     }
 }
 

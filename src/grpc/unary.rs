@@ -170,7 +170,7 @@ where
             );
             response
         }
-        Err(e) => tonic::Status::with_metadata(e.grpc_code(), e.message(), metadata).into_http(),
+        Err(e) => e.to_grpc_with(metadata).into_http(),
     }
 }
 
