@@ -13,8 +13,8 @@ use tensorgate::reload::Loader;
 #[command(
     name = "tensorgate",
     version,
-    about = "A gateway for fleets of Open Inference Protocol (KServe v2 / Triton HTTP) model servers",
-    long_about = "tensorgate terminates v2 REST requests, validates them against each model's metadata, \
+    about = "A gateway for fleets of Open Inference Protocol (KServe v2 / Triton HTTP and gRPC) model servers",
+    long_about = "tensorgate terminates v2 REST and gRPC requests, validates them against each model's metadata, \
 transcodes between JSON and binary tensors, pins sequences to backends, and forwards to a fleet of \
 Triton, MLServer, KServe or built-in workers."
 )]

@@ -104,11 +104,16 @@ fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
                         .as_deref()
                         .map(|v| format!(" version {v}"))
                         .unwrap_or_default();
+                    // MLServer gives an unloaded model an empty reason.
+                    let reason = if e.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", e.reason)
+                    };
                     format!(
-                        "{} on backend '{}'{version}: {}",
+                        "{} on backend '{}'{version}{reason}",
                         e.state.as_str(),
-                        h.name,
-                        e.reason
+                        h.name
                     )
                 })
                 .collect::<Vec<_>>()
