@@ -613,6 +613,23 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
         "log:\n{}",
         g2.log_text()
     );
+
+    // The watched file caught half-written (truncated, its new text not yet in): the reload
+    // is refused, and every model goes on serving.
+    std::fs::write(&watched, "").unwrap();
+    assert!(
+        eventually(100, Duration::from_millis(100), || async {
+            g1.log_text()
+                .contains("a reload never empties a serving fleet (restart to do that)")
+        })
+        .await,
+        "log:\n{}",
+        g1.log_text()
+    );
+    assert_eq!(
+        ready_models(&client, &g1.base).await,
+        vec!["classifier", "simple"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

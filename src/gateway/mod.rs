@@ -148,6 +148,13 @@ impl Gateway {
 
     async fn apply_config(&self, config: Config) -> Result<(), String> {
         let _serial = self.reload_lock.lock().await;
+        // An editor's truncate-then-write, or a file copied in two steps, is seen half-way:
+        // read as a config without backends, it would take every model offline until the
+        // next poll. Emptying a serving fleet takes a restart.
+        if config.backends.is_empty() && !self.config().backends.is_empty() {
+            return Err("the new config has no backends (a file caught half-written?);                         a reload never empties a serving fleet (restart to do that)"
+                .into());
+        }
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;
         let not_applied = crate::config::restart_only_changes(&self.config(), &config);
