@@ -1331,6 +1331,15 @@ async fn versions_with_other_tensors_are_checked_against_their_own_metadata() {
         )
         .await;
     }
+    // Without a version: checked against the tensors the gateway shows (the first ready
+    // backend's, a's), and sent only to the backends with those tensors.
+    let (_, shown) = get_json(&client, &format!("{base}/v2/models/rolling")).await;
+    assert_eq!(inputs(&shown), ["INPUT"]);
+    let body = json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]});
+    for i in 0..8 {
+        let url = format!("{base}/v2/models/rolling/infer");
+        served_by(&client, &url, &body, "1", "a", &format!("unversioned {i}")).await;
+    }
     // The index says which backend serves which version.
     let idx = index(&client, &base).await;
     for (version, backend) in [("1", "a"), ("2", "b")] {

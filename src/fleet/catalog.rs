@@ -20,6 +20,10 @@ pub struct CatalogEntry {
     /// one sequence idle timeout: a sequence that started under one of them lives on that
     /// table's owner, and a replica that never saw the sequence can only find it there.
     pub history: Vec<PastTable>,
+    /// Some ready backend serves the name with other tensors than `metadata` (a rolling
+    /// update to a version with new inputs, or two models that share a name): a request goes
+    /// only to backends whose tensors are those it was checked against.
+    pub mixed_tensors: bool,
 }
 
 pub use crate::routing::table::PastTable;
@@ -52,8 +56,8 @@ impl CatalogEntry {
 }
 
 impl Catalog {
-    /// The first backend (in config order) that reports a model provides its metadata, so the
-    /// choice is the same on every replica.
+    /// The first backend (in config order) that reports a model ready provides its metadata
+    /// (else the first that reports it), so the choice is the same on every replica.
     /// Tables whose membership (and size) did not change are taken from `previous`.
     /// A model whose membership changed keeps the table it had in its `history`.
     pub fn build(
@@ -74,8 +78,16 @@ impl Catalog {
                     ready: Vec::new(),
                     table: Arc::new(SequenceTable::new(&[], table_size)),
                     history: Vec::new(),
+                    mixed_tensors: false,
                 });
                 if m.ready {
+                    if entry.ready.is_empty() {
+                        if !m.metadata.same_tensors(&entry.metadata) {
+                            entry.metadata = Arc::new(m.metadata.clone());
+                        }
+                    } else if !m.metadata.same_tensors(&entry.metadata) {
+                        entry.mixed_tensors = true;
+                    }
                     entry.ready.push(h.clone());
                 }
             }
@@ -107,8 +119,12 @@ impl Catalog {
                 .clone();
         }
         for (name, e) in models.iter_mut() {
-            if let Some(prev) = previous.models.get(name) {
+            let prev = previous.models.get(name);
+            if let Some(prev) = prev {
                 e.history = history_after(prev, e, window);
+            }
+            if e.mixed_tensors && !prev.is_some_and(|p| p.mixed_tensors) {
+                warn_mixed(name, e);
             }
         }
         Catalog { models }
@@ -122,6 +138,30 @@ impl Catalog {
     pub fn any_ready(&self) -> bool {
         self.models.values().any(|e| !e.ready.is_empty())
     }
+}
+
+/// Says once (when it begins) that backends serve `name` with different tensors, and which.
+fn warn_mixed(name: &str, e: &CatalogEntry) {
+    let (same, other): (Vec<&Arc<BackendHandle>>, Vec<&Arc<BackendHandle>>) =
+        e.ready.iter().partition(|h| {
+            h.state
+                .load()
+                .models
+                .get(name)
+                .is_none_or(|m| m.metadata.same_tensors(&e.metadata))
+        });
+    let names = |hs: &[&Arc<BackendHandle>]| {
+        hs.iter()
+            .map(|h| h.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    tracing::warn!(
+        model = %name,
+        shown = %names(&same),
+        other = %names(&other),
+        "backends serve this model with different tensors: requests without a version go only to those whose tensors the gateway shows, and a version to the backends that list it"
+    );
 }
 
 /// The past tables of a model whose entry was `prev` and is now `now`: `prev`'s table joins
@@ -169,6 +209,37 @@ mod tests {
 
     fn members(t: &PastTable) -> Vec<&str> {
         t.members.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn backends_with_other_tensors_mark_the_model_mixed() {
+        let hs = handles(&["http://a", "http://b"]);
+        let with_input = |h: &BackendHandle, input: &str| {
+            let mut state = (**h.state.load()).clone();
+            let m = state.models.get_mut("m").unwrap();
+            m.metadata.inputs = vec![crate::protocol::TensorMetadata {
+                name: input.into(),
+                datatype: "FP32".into(),
+                shape: vec![-1],
+            }];
+            h.state.store(Arc::new(state));
+        };
+        let window = HistoryWindow {
+            keep: Duration::from_secs(60),
+            now: Instant::now(),
+        };
+        with_input(&hs[0], "X");
+        with_input(&hs[1], "X");
+        let c = Catalog::build(&hs, &Catalog::default(), SIZE, window);
+        assert!(!c.get("m").unwrap().mixed_tensors);
+        with_input(&hs[1], "Y");
+        let c = Catalog::build(&hs, &c, SIZE, window);
+        let e = c.get("m").unwrap();
+        assert!(e.mixed_tensors);
+        assert_eq!(e.metadata.inputs[0].name, "X", "the first ready backend's");
+        assert_eq!(e.ready.len(), 2, "both serve; routing picks by tensors");
+        assert!(hs[1].has_other_tensors("m", &e.metadata));
+        assert!(!hs[0].has_other_tensors("m", &e.metadata));
     }
 
     #[test]

@@ -124,6 +124,20 @@ impl BackendHandle {
         (!versions.is_empty()).then(|| versions.iter().any(|v| v == version))
     }
 
+    /// Whether the backend serves `model` with other tensors than `metadata`: `false` when it
+    /// does not report the model.
+    pub fn has_other_tensors(
+        &self,
+        model: &str,
+        metadata: &crate::protocol::ModelMetadata,
+    ) -> bool {
+        let state = self.state.load();
+        state
+            .models
+            .get(model)
+            .is_some_and(|m| !m.metadata.same_tensors(metadata))
+    }
+
     pub fn capabilities(&self) -> Capabilities {
         self.state.load().capabilities
     }

@@ -42,6 +42,12 @@ struct BackendModelMetadata {
 }
 
 impl ModelMetadata {
+    /// Whether `other` takes and gives the same tensors (names, datatypes, shapes): a request
+    /// checked against one is right for the other.
+    pub fn same_tensors(&self, other: &ModelMetadata) -> bool {
+        self.inputs == other.inputs && self.outputs == other.outputs
+    }
+
     /// The version label of a request for this model (metrics and statistics): the version it
     /// asked for, else the first the model lists, else none (`""`). Callers check first that
     /// an asked version is listed, so that label values stay bounded.

@@ -301,16 +301,23 @@ impl Attempt<'_> {
     ) -> Result<BackendRoute, GatewayError> {
         let (router, options) = (&self.gw.router, &self.req.options);
         // During a rolling update some backends have a version and some not yet: a request
-        // for a version goes to those that list it. Not inside a sequence, whose backend is
-        // its pin or its hash owner over every backend of the model; and when none lists it,
-        // every backend may answer for itself.
-        if let (Some(version), None) = (self.version, &options.sequence_id) {
-            let lacks = |h: &BackendHandle| h.lists_version(self.model, version) == Some(false);
-            // The usual case, every backend listing the version, allocates nothing.
-            if !entry.ready.iter().any(|h| lacks(h)) {
+        // for a version goes to those that list it; and where backends serve the model with
+        // other tensors, a request goes to those whose tensors it was checked against. Not
+        // inside a sequence, whose backend is its pin or its hash owner over every backend of
+        // the model; and when none fits, every backend may answer for itself.
+        let checks =
+            (self.version.is_some() || entry.mixed_tensors) && options.sequence_id.is_none();
+        if checks {
+            let unfit = |h: &BackendHandle| {
+                self.version
+                    .is_some_and(|v| h.lists_version(self.model, v) == Some(false))
+                    || (entry.mixed_tensors && h.has_other_tensors(self.model, self.metadata))
+            };
+            // The usual case, every backend fitting, allocates nothing.
+            if !entry.ready.iter().any(|h| unfit(h)) {
                 return router.route(entry.choices(), self.model, options, refused);
             }
-            let serving: Vec<_> = entry.ready.iter().filter(|h| !lacks(h)).cloned().collect();
+            let serving: Vec<_> = entry.ready.iter().filter(|h| !unfit(h)).cloned().collect();
             if !serving.is_empty() {
                 let choices = crate::routing::Choices {
                     ready: &serving,

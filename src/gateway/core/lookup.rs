@@ -72,6 +72,7 @@ fn find(
     match lister {
         Some(metadata) => Ok(CatalogEntry {
             metadata,
+            mixed_tensors: true,
             ..entry.clone()
         }),
         None => Err(GatewayError::NotFound(format!(
