@@ -45,6 +45,7 @@ impl Running {
             );
             tokio::time::sleep(self.shutdown_delay).await;
         }
+        self.gateway.start_closing();
         let _ = self.stop.send(true);
         for t in self.tasks {
             if t.await.unwrap_or(false) {

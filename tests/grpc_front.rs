@@ -1270,6 +1270,42 @@ async fn requests_whose_client_went_away_are_counted() {
     gw.shutdown().await;
 }
 
+/// At shutdown an open stream whose client sends nothing does not hold the drain to its
+/// deadline: what it sent is answered, then it ends with UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_ends_when_the_gateway_shuts_down() {
+    use futures_util::StreamExt;
+    let (gw, mut c) = start(config(&[], "[limits]\ndrain_timeout_ms = 60000\n")).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(simple(&[1; 16], &[2; 16])).await.unwrap();
+    let mut answers = c
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = answers.next().await.unwrap().unwrap();
+    assert_eq!(first.error_message, "");
+    // The client keeps its side open and sends nothing more.
+    let shutdown = tokio::spawn(gw.shutdown());
+    let end = tokio::time::timeout(Duration::from_secs(20), answers.next())
+        .await
+        .expect("the stream ends long before the drain deadline")
+        .expect("a status");
+    let status = end.expect_err("UNAVAILABLE");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::Unavailable,
+            "tensorgate is shutting down: this stream takes no more messages; every message answered on it was run, and any sent after the last answer was not: send those on a new stream"
+        )
+    );
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .expect("the drain ends with the stream")
+        .unwrap();
+    drop(tx);
+}
+
 /// An error message that echoes a 20,000-character name is cut short: whole, it would
 /// overflow the client's 16 KiB limit on trailers, and the client would see
 /// RESOURCE_EXHAUSTED instead of the real error.

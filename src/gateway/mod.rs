@@ -39,6 +39,9 @@ pub struct Gateway {
     pub stats: observe::Stats,
     draining: AtomicBool,
     drain_expired: AtomicBool,
+    /// `true` once the listeners close (the shutdown delay is over): open streams take no
+    /// more messages.
+    closing: tokio::sync::watch::Sender<bool>,
     tokens: ArcSwap<Option<auth::Tokens>>,
     /// One permit per request being handled; none left means shed (503).
     permits: Arc<tokio::sync::Semaphore>,
@@ -112,6 +115,7 @@ impl Gateway {
             stats: observe::Stats::default(),
             draining: AtomicBool::new(false),
             drain_expired: AtomicBool::new(false),
+            closing: tokio::sync::watch::channel(false).0,
             tokens: ArcSwap::from_pointee(auth::Tokens::load(&config.auth)?),
             permits: Arc::new(tokio::sync::Semaphore::new(
                 config.limits.max_concurrent_requests.max(1),
@@ -273,6 +277,25 @@ impl Gateway {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// The listeners close: a connection finishes what it has, and an open stream, which
+    /// could stay open for the whole drain while its client sends nothing, ends once its
+    /// messages in flight are answered.
+    pub fn start_closing(&self) {
+        self.closing.send_replace(true);
+    }
+
+    pub fn is_closing(&self) -> bool {
+        *self.closing.borrow()
+    }
+
+    /// Completes once the listeners close.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|closing| *closing).await;
+        }
     }
 
     /// The drain deadline passed: requests still in flight are cut off by the shutdown.

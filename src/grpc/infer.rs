@@ -271,6 +271,9 @@ fn finish(
 }
 
 /// The access-log message of a stream's request that was in flight when the stream ended.
+/// Why a stream ends at shutdown: what its client sent after the answers it has were not read.
+const STREAM_CLOSED: &str = "tensorgate is shutting down: this stream takes no more messages; every message answered on it was run, and any sent after the last answer was not: send those on a new stream";
+
 const STREAM_ENDED: &str = "the stream ended before the answer (the client cancelled it or went away, or an earlier message could not be read)";
 
 /// What a call that ended before its answer is known by: the client's request id, and the
@@ -377,7 +380,11 @@ pub fn stream(
     max_message: usize,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
     let ctx = RpcContext::from_headers(req.metadata().as_ref(), tokio::time::Instant::now());
-    let incoming = req.into_inner();
+    // At shutdown a stream takes no more messages: one whose client sends nothing would hold
+    // the drain to its deadline. What was read is answered, then UNAVAILABLE says to send
+    // the rest on a new stream (which reaches another replica).
+    let incoming = req.into_inner().take_until(gw.closed());
+    let closing = gw.clone();
     let order = Arc::new(SequenceOrder::default());
     let answers = incoming
         .map(move |m| {
@@ -403,6 +410,14 @@ pub fn stream(
             }
         })
         .buffered(STREAM_CONCURRENCY)
+        .chain(futures_util::stream::iter(
+            std::iter::from_fn(move || {
+                closing
+                    .is_closing()
+                    .then(|| Err(Status::unavailable(STREAM_CLOSED)))
+            })
+            .take(1),
+        ))
         // Nothing after the first error: the stream ends with it.
         .scan(
             false,
