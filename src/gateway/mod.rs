@@ -286,10 +286,6 @@ impl Gateway {
         self.closing.send_replace(true);
     }
 
-    pub fn is_closing(&self) -> bool {
-        *self.closing.borrow()
-    }
-
     /// Completes once the listeners close.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.closing.subscribe();

@@ -383,8 +383,16 @@ pub fn stream(
     // At shutdown a stream takes no more messages: one whose client sends nothing would hold
     // the drain to its deadline. What was read is answered, then UNAVAILABLE says to send
     // the rest on a new stream (which reaches another replica).
-    let incoming = req.into_inner().take_until(gw.closed());
-    let closing = gw.clone();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let closed = {
+        let (closed, cut) = (gw.closed(), cut.clone());
+        async move {
+            closed.await;
+            cut.store(true, std::sync::atomic::Ordering::Release);
+        }
+    };
+    // (A stream its client had already ended is not cut: `take_until` stops polling.)
+    let incoming = req.into_inner().take_until(closed);
     let order = Arc::new(SequenceOrder::default());
     let answers = incoming
         .map(move |m| {
@@ -412,8 +420,7 @@ pub fn stream(
         .buffered(STREAM_CONCURRENCY)
         .chain(futures_util::stream::iter(
             std::iter::from_fn(move || {
-                closing
-                    .is_closing()
+                cut.load(std::sync::atomic::Ordering::Acquire)
                     .then(|| Err(Status::unavailable(STREAM_CLOSED)))
             })
             .take(1),
