@@ -2,6 +2,7 @@
 //! goes over the backend's own pool of keep-alive HTTP/1 connections (`pool`); the
 //! control-plane calls over hyper-util's pooled client.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use super::backend::{
 use super::pool::{BackendBody, ConnPool, Connector, SendError};
 use crate::body::{full, Body, PartsBody};
 use crate::models::repository::{IndexEntry as RepoEntry, ModelState};
+use crate::protocol::tolerance::Tolerance;
 use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
 
 /// Metadata and error bodies larger than this are refused; they are never that large.
@@ -301,6 +303,8 @@ struct ModelNames {
 /// Model names as a server lists them, once each, with whether one of its entries is ready.
 struct Listed {
     names: Vec<(String, bool)>,
+    /// The versions the index says are READY, by model.
+    ready_versions: HashMap<String, Vec<String>>,
     /// They came from the repository index.
     from_index: bool,
     /// Index entries in a state other than READY, with the server's reason, for the
@@ -313,6 +317,7 @@ struct Listed {
 impl Listed {
     fn from_index(entries: Vec<IndexEntry>, source: &str) -> Listed {
         let mut names: Vec<(String, bool)> = Vec::new();
+        let mut ready_versions: HashMap<String, Vec<String>> = HashMap::new();
         let mut unavailable = Vec::new();
         for e in entries {
             let state = match e.state.as_deref().map(str::to_ascii_uppercase).as_deref() {
@@ -334,6 +339,16 @@ impl Listed {
                 .state
                 .as_deref()
                 .is_none_or(|s| s.eq_ignore_ascii_case("READY"));
+            let said_ready = e
+                .state
+                .as_deref()
+                .is_some_and(|s| s.eq_ignore_ascii_case("READY"));
+            if let Some(v) = e.version.as_ref().filter(|v| said_ready && !v.is_empty()) {
+                let versions = ready_versions.entry(e.name.clone()).or_default();
+                if !versions.contains(v) {
+                    versions.push(v.clone());
+                }
+            }
             match names.iter_mut().find(|(n, _)| *n == e.name) {
                 Some((_, r)) => *r |= ready,
                 None => names.push((e.name, ready)),
@@ -341,6 +356,7 @@ impl Listed {
         }
         Listed {
             names,
+            ready_versions,
             from_index: true,
             unavailable,
             source: source.to_string(),
@@ -356,6 +372,7 @@ impl Listed {
         }
         Listed {
             names,
+            ready_versions: HashMap::new(),
             from_index: false,
             unavailable: Vec::new(),
             source: source.to_string(),
@@ -426,6 +443,7 @@ impl Backend for HttpBackend {
                 }
                 Err(tried) => Listed {
                     names: configured.iter().map(|n| (n.clone(), true)).collect(),
+                    ready_versions: HashMap::new(),
                     from_index: false,
                     unavailable: Vec::new(),
                     source: format!("{tried}; so the models the config names for it"),
@@ -470,6 +488,13 @@ impl Backend for HttpBackend {
                     }
                 };
                 out.tolerated.extend(tolerated.iter());
+                let mut metadata = metadata;
+                if metadata.versions.is_empty() {
+                    if let Some(versions) = listed.ready_versions.get(&name) {
+                        metadata.versions = versions.clone();
+                        out.tolerated.push(Tolerance::VersionsFromIndex);
+                    }
+                }
                 let ready = listed_ready && self.model_ready(&name).await;
                 out.models.push(DiscoveredModel { metadata, ready });
             }

@@ -17,14 +17,18 @@ pub enum Tolerance {
     /// Bare `NaN`, `Infinity` and `-Infinity` literals in output data (Triton writes them):
     /// read as the non-finite values.
     NonFiniteLiteral,
+    /// Model metadata that lists no versions for a model whose repository index entries
+    /// name the versions it serves (MLServer 1.7): the index's versions are the model's.
+    VersionsFromIndex,
 }
 
 impl Tolerance {
-    pub const ALL: [Tolerance; 4] = [
+    pub const ALL: [Tolerance; 5] = [
         Tolerance::VersionsAbsent,
         Tolerance::PlatformAbsent,
         Tolerance::NullFloat,
         Tolerance::NonFiniteLiteral,
+        Tolerance::VersionsFromIndex,
     ];
 
     /// The metric label value.
@@ -34,6 +38,7 @@ impl Tolerance {
             Tolerance::PlatformAbsent => "metadata_platform_absent",
             Tolerance::NullFloat => "null_float_as_nan",
             Tolerance::NonFiniteLiteral => "bare_non_finite_literal",
+            Tolerance::VersionsFromIndex => "metadata_versions_from_index",
         }
     }
 

@@ -146,6 +146,31 @@ def test_error_messages_exact_wording(gw_ml):
     assert "unknown output 'OUTPUT9' requested from model 'simple'" in e.message()
 
 
+def test_versions_from_mlservers_index(mlserver, gateway_mlserver):
+    """MLServer lists a model's version in its repository index but not in its metadata; it
+    serves /versions/1 itself, and so does the gateway (tolerance metadata_versions_from_index)."""
+    direct = requests.get(f"{mlserver.base}/v2/models/simple", timeout=10).json()
+    assert direct.get("versions") in (None, [])
+    index = requests.post(f"{mlserver.base}/v2/repository/index", json={}, timeout=10).json()
+    assert {"name": "simple", "version": "1"}.items() <= next(e for e in index if e["name"] == "simple").items()
+
+    base = gateway_mlserver.base
+    meta = requests.get(f"{base}/v2/models/simple", timeout=10).json()
+    assert meta["versions"] == ["1"]
+    a, b = simple_operands(21, batch=1)
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a.ravel().tolist()},
+                       {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": b.ravel().tolist()}]}
+    r = requests.post(f"{base}/v2/models/simple/versions/1/infer", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["model_version"] == "1"
+    assert requests.get(f"{base}/v2/models/simple/versions/1/ready", timeout=10).status_code == 200
+    r = requests.post(f"{base}/v2/models/simple/versions/2/infer", json=body, timeout=10)
+    assert (r.status_code, r.json()) == (404, {"error": "model 'simple' has no version '2' (its versions are 1)"})
+    index = requests.post(f"{base}/v2/repository/index", json={}, timeout=10).json()
+    assert {"name": "simple", "version": "1", "state": "READY"}.items() <= next(
+        e for e in index if e["name"] == "simple").items()
+
+
 # ---------------------------------------------------------------- (g) metadata and health
 
 
