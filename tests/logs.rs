@@ -165,6 +165,12 @@ async fn json_access_logs() {
     assert!(f["duration_us"].as_u64().is_some() && f["bytes_out"].as_u64().unwrap() > 0);
     assert_eq!(f["request_id"], "req-42");
     assert_eq!(f["error"], "-");
+    // The client's address: an operator's first question about a request.
+    let peer = f["peer"].as_str().unwrap();
+    assert!(
+        peer.starts_with("127.0.0.1:") && peer[10..].parse::<u16>().is_ok(),
+        "{peer}"
+    );
     // A refused request's line carries the message the client got.
     let refused = line_of("/v2/models/simple/infer");
     assert_eq!(refused["status"], 400);
@@ -189,6 +195,7 @@ async fn json_access_logs() {
         )
     );
     assert_eq!(f["request_id"], "grpc-7");
+    assert!(f["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{f}");
 }
 
 /// The plain access line is written by tensorgate's own formatter (src/logformat.rs), in
@@ -218,6 +225,7 @@ async fn plain_access_logs() {
         rest.contains(" sequence_id=\"9\" traceparent=\"00-"),
         "{rest}"
     );
+    assert!(rest.contains(" peer=127.0.0.1:"), "{rest}");
     assert!(
         rest.ends_with(" request_id=\"req-42\" error=\"-\""),
         "{rest}"

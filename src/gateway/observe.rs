@@ -53,6 +53,8 @@ pub struct Observation {
     pub traceparent: Option<String>,
     /// The client's `x-request-id`, for the access log.
     pub request_id: Option<http::HeaderValue>,
+    /// The client's address (the connection's peer), for the access log.
+    pub peer: Option<std::net::SocketAddr>,
     pub queue: Duration,
     pub compute_input: Duration,
     pub compute_infer: Duration,
@@ -523,6 +525,7 @@ pub fn access_log(
         bytes_in = obs.bytes_in,
         bytes_out,
         duration_us = elapsed.as_micros() as u64,
+        peer = %PeerOrDash(obs.peer),
         sequence_id = obs.sequence.as_deref().unwrap_or("-"),
         traceparent = obs.traceparent.as_deref().unwrap_or("-"),
         request_id = obs
@@ -532,6 +535,29 @@ pub fn access_log(
             .unwrap_or("-"),
         error = error.unwrap_or("-"),
     );
+}
+
+/// The address of the client a request came from: the server puts it in each request's
+/// extensions, and the edges copy it into the observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+impl PeerAddr {
+    pub fn of(extensions: &http::Extensions) -> Option<std::net::SocketAddr> {
+        extensions.get::<PeerAddr>().map(|p| p.0)
+    }
+}
+
+/// A peer address, or `-` without one, written without an allocation.
+struct PeerOrDash(Option<std::net::SocketAddr>);
+
+impl std::fmt::Display for PeerOrDash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => a.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
 }
 
 /// W3C trace context: the client's `traceparent` if valid, else a new one.

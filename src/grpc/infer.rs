@@ -17,7 +17,7 @@ use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
 use crate::gateway::observe::{
-    access_log, record_infer, Abandoned, CutOff, Observation, Phase, WENT_AWAY,
+    access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
 };
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
@@ -97,9 +97,11 @@ pub async fn unary(
     gw: &Arc<Gateway>,
     req: Request<pb::ModelInferRequest>,
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
-    let (metadata, _, msg) = req.into_parts();
+    let (metadata, extensions, msg) = req.into_parts();
     let arrived = tokio::time::Instant::now();
-    let (result, answer_metadata) = call(gw, metadata.as_ref(), arrived, async { Ok(msg) }).await;
+    let peer = PeerAddr::of(&extensions);
+    let read = async { Ok(msg) };
+    let (result, answer_metadata) = call(gw, metadata.as_ref(), peer, arrived, read).await;
     match result {
         Ok(r) => {
             let mut response = Response::new(r);
@@ -117,6 +119,7 @@ pub async fn unary(
 pub(super) async fn call(
     gw: &Arc<Gateway>,
     headers: &http::HeaderMap,
+    peer: Option<std::net::SocketAddr>,
     arrived: tokio::time::Instant,
     read: impl std::future::Future<Output = Result<pb::ModelInferRequest, GatewayError>>,
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
@@ -129,12 +132,14 @@ pub(super) async fn call(
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
             request_id: request_id.clone(),
+            peer,
             model: named.get().cloned(),
         };
         went_away(gw, INFER_PATH, start, WENT_AWAY, what)
     });
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = request_id.clone();
+    obs.peer = peer;
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
         let ctx = RpcContext::from_headers(headers, arrived)?;
@@ -281,6 +286,7 @@ const STREAM_ENDED: &str = "the stream ended before the answer (the client cance
 #[derive(Default)]
 struct Abandon {
     request_id: Option<HeaderValue>,
+    peer: Option<std::net::SocketAddr>,
     model: Option<(String, Option<String>)>,
 }
 
@@ -301,6 +307,7 @@ fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str, what: 
         .inc();
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = what.request_id;
+    obs.peer = what.peer;
     if let Some((model, version)) = what.model {
         gw.observe_model(model, version, &mut obs);
         obs.failure = Some(cut_off.reason());
@@ -380,6 +387,7 @@ pub fn stream(
     max_message: usize,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
     let ctx = RpcContext::from_headers(req.metadata().as_ref(), tokio::time::Instant::now());
+    let peer = PeerAddr::of(req.extensions());
     // At shutdown a stream takes no more messages: one whose client sends nothing would hold
     // the drain to its deadline. What was read is answered, then UNAVAILABLE says to send
     // the rest on a new stream (which reaches another replica).
@@ -412,7 +420,7 @@ pub fn stream(
                     Some((wait, done)) => (wait, Some(done)),
                     None => (None, None),
                 };
-                let answer = stream_message(&gw, msg, ctx, wait).await;
+                let answer = stream_message(&gw, msg, (ctx, peer), wait).await;
                 drop(done);
                 Ok(answer)
             }
@@ -444,7 +452,10 @@ pub fn stream(
 async fn stream_message(
     gw: &Gateway,
     msg: pb::ModelInferRequest,
-    ctx: Result<RpcContext, GatewayError>,
+    (ctx, peer): (
+        Result<RpcContext, GatewayError>,
+        Option<std::net::SocketAddr>,
+    ),
     turn: Option<oneshot::Receiver<()>>,
 ) -> pb::ModelStreamInferResponse {
     let start = Instant::now();
@@ -457,6 +468,7 @@ async fn stream_message(
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
             request_id: request_id.clone(),
+            peer,
             model: Some(model),
         };
         went_away(gw, STREAM_PATH, start, STREAM_ENDED, what)
@@ -467,6 +479,7 @@ async fn stream_message(
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = request_id.clone();
+    obs.peer = peer;
     let id = msg.id.clone();
     let result = async {
         let ctx = ctx?;

@@ -142,7 +142,8 @@ where
         pb::ModelInferRequest::decode(bytes)
             .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
     };
-    let (result, metadata) = call(&gw, &parts.headers, arrived, read).await;
+    let peer = crate::gateway::observe::PeerAddr::of(&parts.extensions);
+    let (result, metadata) = call(&gw, &parts.headers, peer, arrived, read).await;
     let answer = result.and_then(|r| {
         answer_chunks(r).map_err(|size| {
             GatewayError::Internal(format!(

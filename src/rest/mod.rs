@@ -102,8 +102,16 @@ where
     let path = req.uri().path().to_string();
     let is_infer = path.ends_with("/infer");
     let request_id = req.headers().get(crate::gateway::REQUEST_ID).cloned();
+    let peer = observe::PeerAddr::of(req.extensions());
     let abandoned = observe::Abandoned::new(|| {
-        went_away(&gw, &method, &path, is_infer, start, request_id.clone())
+        went_away(
+            &gw,
+            &method,
+            &path,
+            is_infer,
+            start,
+            (request_id.clone(), peer),
+        )
     });
     // One body type inside the stack, whatever the listener's.
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
@@ -131,6 +139,7 @@ where
         }
     };
     obs.request_id = request_id.clone();
+    obs.peer = peer;
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
     // one needs to know which backend was involved.
     if let Some(v) = obs
@@ -175,10 +184,11 @@ fn went_away(
     path: &str,
     is_infer: bool,
     start: Instant,
-    request_id: Option<HeaderValue>,
+    (request_id, peer): (Option<HeaderValue>, Option<std::net::SocketAddr>),
 ) {
     let mut obs = observe::Observation::new(observe::Protocol::Rest);
     obs.request_id = request_id;
+    obs.peer = peer;
     let elapsed = start.elapsed();
     let cut_off = gw.cut_off();
     let status = cut_off.status();

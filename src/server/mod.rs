@@ -27,6 +27,7 @@ use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::body::{error_response, full, Body, BoxError};
 use crate::error::GatewayError;
+use crate::gateway::observe::PeerAddr;
 use crate::gateway::Gateway;
 use crate::tls::ReloadableTls;
 
@@ -216,7 +217,7 @@ where
             // One deadline for the handshake and the first bytes of a request.
             let deadline = Instant::now() + this.header_read_timeout;
             let result = match this.tls.as_ref().map(|t| t.acceptor()) {
-                None => this.serve(stream, deadline, watch).await,
+                None => this.serve(stream, peer, deadline, watch).await,
                 Some(acceptor) => {
                     let grace = this.silent_grace;
                     let handshake = tokio::select! {
@@ -227,7 +228,7 @@ where
                         }
                     };
                     match handshake {
-                        Ok(Ok(stream)) => this.serve(stream, deadline, watch).await,
+                        Ok(Ok(stream)) => this.serve(stream, peer, deadline, watch).await,
                         Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
                         Err(_) => Err("TLS handshake timed out".to_string()),
                     }
@@ -242,7 +243,13 @@ where
     /// `watch` is taken when the connection is accepted, so that a shutdown waits for a
     /// connection still in its handshake or first bytes; once hyper has it, a shutdown lets
     /// the request in progress, or the first one, finish.
-    async fn serve<I>(self, io: I, deadline: Instant, watch: Watch) -> Result<(), String>
+    async fn serve<I>(
+        self,
+        io: I,
+        peer: SocketAddr,
+        deadline: Instant,
+        watch: Watch,
+    ) -> Result<(), String>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -260,9 +267,13 @@ where
             Err(_) => return Err("no request within the header-read timeout".to_string()),
         };
         let io = TokioIo::new(io);
+        let service = WithPeer {
+            inner: self.service.clone(),
+            peer: PeerAddr(peer),
+        };
         match proto {
             conn::Proto::Http1 => {
-                let service = TowerToHyperService::new(self.service.clone());
+                let service = TowerToHyperService::new(service);
                 let connection = self.http1.serve_connection(io, service);
                 watch.drive(connection).await
             }
@@ -270,7 +281,7 @@ where
             // timeout); h2 gets the same bound here.
             conn::Proto::H2 => {
                 let activity = idle::Activity::new();
-                let service = idle::Tracked::new(self.service.clone(), Arc::clone(&activity));
+                let service = idle::Tracked::new(service, Arc::clone(&activity));
                 let connection = self
                     .h2
                     .serve_connection(io, TowerToHyperService::new(service));
@@ -312,6 +323,34 @@ where
                 Err(_) => break,
             }
         }
+    }
+}
+
+/// Puts the connection's peer address in each request's extensions, for the access log.
+#[derive(Clone)]
+struct WithPeer<S> {
+    inner: S,
+    peer: PeerAddr,
+}
+
+impl<S, B> tower::Service<Request<B>> for WithPeer<S>
+where
+    S: tower::Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        req.extensions_mut().insert(self.peer);
+        self.inner.call(req)
     }
 }
 
