@@ -287,3 +287,55 @@ async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
         )
     );
 }
+
+/// A request a layer refuses (auth here; shedding answers the same way) has an access line
+/// with the message its client got, and counts against the model its path names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layers_refusal_is_logged_with_its_message() {
+    let (port, metrics) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("tg-logs-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let gw = LoggingGateway::start(
+        "auth",
+        port,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_format = \"json\"\nlog_level = \"info\"\n[auth]\ntokens_file = {:?}\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
+            tokens.display().to_string()
+        ),
+        "/v2/health/ready",
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v2/models/accumulate/infer", gw.base))
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let message = r.json::<serde_json::Value>().await.unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let text = gw.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v["target"] == "tensorgate::access"
+                && v["fields"]["path"] == "/v2/models/accumulate/infer"
+        })
+        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let f = &line["fields"];
+    assert_eq!(
+        (&f["status"], &f["model"], &f["error"]),
+        (
+            &serde_json::json!(401),
+            &serde_json::json!("accumulate"),
+            &serde_json::json!(message)
+        ),
+        "{text}"
+    );
+}

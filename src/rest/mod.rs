@@ -41,7 +41,15 @@ impl Policy for RestPolicy {
     }
 
     fn deny(&self, _: &Gateway, _: &str, e: GatewayError) -> Response<Body> {
-        error_response(&e)
+        // The access line says why, as for a handler's refusal.
+        let obs = observe::Observation {
+            failure: Some(observe::failure_of(&e)),
+            error: Some(e.message().to_string()),
+            ..Default::default()
+        };
+        let mut r = error_response(&e);
+        r.extensions_mut().insert(obs);
+        r
     }
 }
 
@@ -127,17 +135,16 @@ where
         Ok(r) => r,
         Err(never) => match never {},
     };
-    // No observation: a layer answered before the handler ran.
-    let mut obs = match response.extensions_mut().remove::<observe::Observation>() {
-        Some(obs) => obs,
-        None => {
-            let mut obs = observe::Observation::default();
-            if is_infer {
-                model_of_path(&gw, &method, &path, &mut obs);
-            }
-            obs
-        }
-    };
+    // None: a layer answered (a panic caught) before the handler ran.
+    let mut obs = response
+        .extensions_mut()
+        .remove::<observe::Observation>()
+        .unwrap_or_default();
+    // A refusal before the model was looked up (auth, shedding) still counts against the
+    // model its path names.
+    if is_infer && obs.model.is_none() {
+        model_of_path(&gw, &method, &path, &mut obs);
+    }
     obs.request_id = request_id.clone();
     obs.peer = peer;
     // Errors too: a backend's 4xx or 5xx, a timeout or a lost sequence is exactly when
