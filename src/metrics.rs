@@ -46,6 +46,7 @@ pub struct Metrics {
     pub transcoded_bytes: IntCounterVec,
     pub classifications: IntCounterVec,
     pub config_reloads: IntCounterVec,
+    pub tls_reloads: IntCounterVec,
     pub backend_tolerated: IntCounterVec,
     pub pin_store_operations: IntCounterVec,
     pub pin_store_errors: IntCounterVec,
@@ -262,6 +263,12 @@ impl Metrics {
                 &r,
                 "tensorgate_config_reloads_total",
                 "Config reloads, by result",
+                &["result"],
+            ),
+            tls_reloads: counter(
+                &r,
+                "tensorgate_tls_reloads_total",
+                "Reloads of the listeners' certificate and key (on SIGHUP or a change of their files), by result: a failure keeps the old ones",
                 &["result"],
             ),
             backend_tolerated: counter(

@@ -43,7 +43,20 @@ fn fingerprint(path: &PathBuf) -> Option<(std::time::SystemTime, u64)> {
     Some((meta.modified().ok()?, xxhash_rust::xxh3::xxh3_64(&text)))
 }
 
-fn reload_tls(tls: &ReloadableTls, result: Option<Result<(), String>>, why: &str) {
+fn reload_tls(
+    gateway: &Gateway,
+    tls: &ReloadableTls,
+    result: Option<Result<(), String>>,
+    why: &str,
+) {
+    if let Some(r) = &result {
+        let outcome = if r.is_ok() { "success" } else { "failure" };
+        gateway
+            .metrics
+            .tls_reloads
+            .with_label_values(&[outcome])
+            .inc();
+    }
     match result {
         Some(Ok(())) => {
             tracing::info!(trigger = why, files = ?tls.files(), "TLS certificates reloaded")
@@ -84,12 +97,12 @@ pub async fn run(
                 last = watch.as_ref().and_then(fingerprint);
                 last_tokens = tokens_file().as_ref().and_then(fingerprint);
                 if let Some(t) = &tls {
-                    reload_tls(t, Some(t.reload()), "SIGHUP");
+                    reload_tls(&gateway, t, Some(t.reload()), "SIGHUP");
                 }
             }
             _ = tick.tick() => {
                 if let Some(t) = &tls {
-                    reload_tls(t, t.reload_if_changed(), "file change");
+                    reload_tls(&gateway, t, t.reload_if_changed(), "file change");
                 }
                 // A revoked token must stop working without a signal (a Kubernetes Secret
                 // is updated in place), as certificates do.

@@ -78,6 +78,8 @@ pub fn server_config(tls: &ServerTls) -> Result<ServerConfig, String> {
 pub struct ReloadableTls {
     files: ServerTls,
     current: ArcSwap<ServerConfig>,
+    /// The files' contents as last tried, loaded or not: a pair that failed is not tried
+    /// again (and logged again) every poll, only once the files change once more.
     fingerprint: std::sync::Mutex<u64>,
 }
 
@@ -99,13 +101,13 @@ impl ReloadableTls {
 
     /// Reads the files again; on error the old config stays.
     pub fn reload(&self) -> Result<(), String> {
+        *self.fingerprint.lock().expect("not poisoned") = fingerprint(&self.files);
         let config = server_config(&self.files)?;
         self.current.store(Arc::new(config));
-        *self.fingerprint.lock().expect("not poisoned") = fingerprint(&self.files);
         Ok(())
     }
 
-    /// Reloads when the files' contents changed since the last load.
+    /// Reloads when the files' contents changed since the last attempt.
     pub fn reload_if_changed(&self) -> Option<Result<(), String>> {
         let now = fingerprint(&self.files);
         if now == *self.fingerprint.lock().expect("not poisoned") {

@@ -237,11 +237,18 @@ async fn certificates_reload_without_a_restart() {
         "new connections use the new certificate"
     );
 
-    // A broken file keeps the old certificate.
+    // A broken file keeps the old certificate, and is tried once, not on every poll.
     std::fs::write(&key, "not a key").unwrap();
     let e = tls.reload_if_changed().unwrap().unwrap_err();
     assert!(e.starts_with("cannot read a private key from"), "{e}");
     assert_eq!(get(&trusts_second, &url).await.unwrap().0, 200);
+    assert!(
+        tls.reload_if_changed().is_none(),
+        "the same broken pair again"
+    );
+    // Fixed: loaded.
+    std::fs::copy(&k2, &key).unwrap();
+    assert_eq!(tls.reload_if_changed(), Some(Ok(())));
     gw.shutdown().await;
 }
 
@@ -266,7 +273,7 @@ fn kill(signal: &str, pid: u32) {
 async fn sighup_reloads_the_certificates_of_the_running_binary() {
     let first = Pki::new("sighup-a");
     let (cert, key) = first.issue("server", &["localhost"], false);
-    let port = free_port();
+    let (port, metrics_port) = (free_port(), free_port());
     let config = std::env::temp_dir().join(format!("tg-sighup-tls-{}.toml", std::process::id()));
     std::fs::write(
         &config,
@@ -275,7 +282,7 @@ async fn sighup_reloads_the_certificates_of_the_running_binary() {
              log_format = \"json\"\n\
              [server.tls]\ncert = {:?}\nkey = {:?}\n\
              [[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
-            free_port(),
+            metrics_port,
             cert.to_str().unwrap(),
             key.to_str().unwrap(),
         ),
@@ -327,6 +334,22 @@ async fn sighup_reloads_the_certificates_of_the_running_binary() {
         get(&trusting(&first), &url).await.is_err(),
         "new connections use the new certificate"
     );
+    // Counted, so that a failed rotation can be alerted on.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |result: &str| {
+        let series = format!("tensorgate_tls_reloads_total{{result=\"{result}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    assert!(count("success") >= 1, "{metrics}");
+    assert_eq!(count("failure"), 0, "{metrics}");
 
     kill("-TERM", pid);
     let start = std::time::Instant::now();
