@@ -1396,17 +1396,24 @@ async fn a_backend_that_never_answered_is_listed_skipped() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let gw = gateway_over(&[("wa", &a.url), ("wz", &closed)]).await;
+    // `wk` answers the first discovery round, then dies; the next round is a minute away,
+    // so the load finds its connection refused: nothing was sent, and it is skipped too.
+    let mut k = worker("wk", &repo.0).await;
+    let gw = gateway_over(&[("wa", &a.url), ("wz", &closed), ("wk", &k.url)]).await;
+    k.process.kill();
     let client = http_client();
     let url = format!("{}/v2/repository/models/mlp/load", base(&gw));
     let (status, body) = post_json(&client, &url, &json!({})).await;
     assert_eq!(status, 200, "{body}");
+    let skipped = json!({"status": "skipped", "reason": "unreachable at the last health checks; it reads its repository when it returns"});
+    let with_name = |name: &str| {
+        let mut v = skipped.clone();
+        v["backend"] = json!(name);
+        v
+    };
     assert_eq!(
         body["results"],
-        json!([
-            {"backend": "wa", "status": "ok"},
-            {"backend": "wz", "status": "skipped", "reason": "unreachable at the last health checks; it reads its repository when it returns"}
-        ])
+        json!([{"backend": "wa", "status": "ok"}, with_name("wz"), with_name("wk")])
     );
     gw.shutdown().await;
 }

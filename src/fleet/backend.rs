@@ -107,6 +107,19 @@ pub enum Retry {
     Never,
 }
 
+impl Retry {
+    /// After a backend answered `status`: a 404 for a model the catalog says it serves means
+    /// it lost the model since the last discovery round (unloaded, or restarted with another
+    /// repository), and nothing ran; any other answer may have acted.
+    pub fn after_status(status: StatusCode) -> Retry {
+        if status == StatusCode::NOT_FOUND {
+            Retry::Anywhere
+        } else {
+            Retry::Never
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendError {
     /// No connection could be made; nothing was sent, so another backend may be tried.
@@ -130,11 +143,7 @@ impl BackendError {
         match self {
             BackendError::Connect(_) => Retry::Anywhere,
             BackendError::Reset(_) => Retry::Idempotent,
-            // The backend lacks a model the catalog says it serves: it was unloaded since
-            // the last discovery round, and nothing ran.
-            BackendError::Status { status, .. } if *status == StatusCode::NOT_FOUND => {
-                Retry::Anywhere
-            }
+            BackendError::Status { status, .. } => Retry::after_status(*status),
             _ => Retry::Never,
         }
     }

@@ -335,15 +335,10 @@ impl Listed {
             }
             // An entry without a state is a model the server has but did not say it loaded;
             // its readiness probe decides.
-            let ready = e
-                .state
-                .as_deref()
-                .is_none_or(|s| s.eq_ignore_ascii_case("READY"));
-            let said_ready = e
-                .state
-                .as_deref()
-                .is_some_and(|s| s.eq_ignore_ascii_case("READY"));
-            if let Some(v) = e.version.as_ref().filter(|v| said_ready && !v.is_empty()) {
+            let said_ready = e.state.as_deref().map(|s| s.eq_ignore_ascii_case("READY"));
+            let ready = said_ready != Some(false);
+            let version = e.version.as_ref().filter(|v| !v.is_empty());
+            if let (Some(true), Some(v)) = (said_ready, version) {
                 let versions = ready_versions.entry(e.name.clone()).or_default();
                 if !versions.contains(v) {
                     versions.push(v.clone());

@@ -156,8 +156,11 @@ impl Gateway {
         // read as a config without backends, it would take every model offline until the
         // next poll. Emptying a serving fleet takes a restart.
         if config.backends.is_empty() && !self.config().backends.is_empty() {
-            return Err("the new config has no backends (a file caught half-written?);                         a reload never empties a serving fleet (restart to do that)"
-                .into());
+            return Err(
+                "the new config has no backends (a file caught half-written?); a reload never \
+                 empties a serving fleet (restart to do that)"
+                    .into(),
+            );
         }
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;

@@ -140,8 +140,8 @@ where
         .extensions_mut()
         .remove::<observe::Observation>()
         .unwrap_or_default();
-    // A refusal before the model was looked up (auth, shedding) still counts against the
-    // model its path names.
+    // A refusal before the model was looked up (auth, shedding, an unreadable body) still
+    // counts against the model its path names.
     if is_infer && obs.model.is_none() {
         model_of_path(&gw, &method, &path, &mut obs);
     }
@@ -274,14 +274,9 @@ where
         }
         Route::Infer { model, version } => {
             let config = gw.config();
-            let (parts, body, header_length) = match read_infer_body(&config, req).await {
-                Ok(read) => read,
-                Err(e) => {
-                    // Refused before the core saw it: still a failure of this model's.
-                    gw.observe_model(model, version, obs);
-                    return Err(e);
-                }
-            };
+            // Refused here, before the core's lookup: `handle` still counts it against the
+            // model the path names.
+            let (parts, body, header_length) = read_infer_body(&config, req).await?;
             obs.bytes_in = body.len() as u64;
             let mut answer = infer::infer(
                 gw,

@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout_at, Instant};
 use tower::ServiceBuilder;
+use tower_http::add_extension::AddExtension;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::predicate::{And, DefaultPredicate, Predicate};
 use tower_http::compression::CompressionLayer;
@@ -267,10 +268,8 @@ where
             Err(_) => return Err("no request within the header-read timeout".to_string()),
         };
         let io = TokioIo::new(io);
-        let service = WithPeer {
-            inner: self.service.clone(),
-            peer: PeerAddr(peer),
-        };
+        // The client's address, for the access log.
+        let service = AddExtension::new(self.service.clone(), PeerAddr(peer));
         match proto {
             conn::Proto::Http1 => {
                 let service = TowerToHyperService::new(service);
@@ -323,34 +322,6 @@ where
                 Err(_) => break,
             }
         }
-    }
-}
-
-/// Puts the connection's peer address in each request's extensions, for the access log.
-#[derive(Clone)]
-struct WithPeer<S> {
-    inner: S,
-    peer: PeerAddr,
-}
-
-impl<S, B> tower::Service<Request<B>> for WithPeer<S>
-where
-    S: tower::Service<Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> S::Future {
-        req.extensions_mut().insert(self.peer);
-        self.inner.call(req)
     }
 }
 

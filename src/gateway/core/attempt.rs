@@ -480,14 +480,6 @@ impl Attempt<'_> {
                         backend.health.record_success();
                     }
                     let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
-                    // A 404 from a backend the catalog says serves the model: it no longer
-                    // does (unloaded, or restarted with another repository since the last
-                    // refresh). Nothing ran, so another backend may take the request.
-                    let retry = if status == StatusCode::NOT_FOUND {
-                        Retry::Anywhere
-                    } else {
-                        Retry::Never
-                    };
                     return Err(Failure {
                         error: backend_status_error(
                             backend,
@@ -496,7 +488,7 @@ impl Attempt<'_> {
                             &bytes,
                             model_failed,
                         ),
-                        retry,
+                        retry: Retry::after_status(status),
                         rejected: status == StatusCode::BAD_REQUEST,
                     });
                 }
