@@ -152,7 +152,7 @@ async fn the_retry_of_stateless_requests_can_be_turned_off_per_model() {
     gw.shutdown().await;
 }
 
-const TIMED_OUT: &str = "the request to model 'm' timed out";
+const TIMED_OUT: &str = "the request to model 'm' timed out on backend 'slow'";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeout_parameter_cuts_a_slow_backend_short() {
@@ -204,6 +204,21 @@ fn failures(metrics: &str, reason: &str) -> f64 {
         .sum()
 }
 
+/// A gateway of this config, once model `m` is in its catalog.
+async fn start_serving_m(text: &str) -> Running {
+    let gw = tensorgate::run::start(parse_config(text), true)
+        .await
+        .expect("the gateway starts");
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("m").is_some() }
+        })
+        .await
+    );
+    gw
+}
+
 /// What a backend does wrong is counted as the backend's (BACKEND), whatever the status it
 /// comes back as, and ejects it: a 503 of its own, and a 200 whose body is not a response
 /// (a backend answering garbage must not keep its share of the traffic).
@@ -224,17 +239,8 @@ async fn backend_faults_count_as_backend_failures_and_eject() {
             &[(name, backend.url.as_str())],
             "refresh_interval_ms = 600000\neject_after_failures = 2\neject_base_ms = 600000\neject_max_ms = 600000",
         );
-        let gw = tensorgate::run::start(parse_config(&text), true)
-            .await
-            .expect("the gateway starts");
+        let gw = start_serving_m(&text).await;
         let client = http_client();
-        assert!(
-            eventually(100, Duration::from_millis(100), || {
-                let gw = &gw;
-                async move { gw.gateway.fleet.catalog().get("m").is_some() }
-            })
-            .await
-        );
         for i in 0..2 {
             let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
             assert_eq!((r.status, r.error()), (status, Some(message)), "{name} {i}");
@@ -246,4 +252,36 @@ async fn backend_faults_count_as_backend_failures_and_eject() {
         assert!(metrics.contains(&ejected), "{name}:\n{metrics}");
         gw.shutdown().await;
     }
+}
+
+/// A backend that takes requests and overruns the configured timeout has failed as surely
+/// as one that refuses them: its timeouts count toward ejection, or a hung backend would
+/// keep its share of the traffic. A client's own shorter `timeout` says nothing of the
+/// backend (the model may just be slower than the client wished) and does not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_overruns_the_configured_timeout_is_ejected() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(2))).await;
+    let mut text = gateway_toml(
+        &[("slow", slow.url.as_str())],
+        "refresh_interval_ms = 600000\neject_after_failures = 2\neject_base_ms = 600000\neject_max_ms = 600000",
+    );
+    text.push_str("[models.m]\ntimeout_ms = 300\n");
+    let gw = start_serving_m(&text).await;
+    let client = http_client();
+    let ejected = "tensorgate_backend_ejections_total{backend=\"slow\"} 1";
+    for _ in 0..3 {
+        let body = m_body(Some(json!({ "timeout": 100_000 })));
+        let r = post_infer(&client, &base(&gw), "m", &body).await;
+        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT)));
+    }
+    let metrics = scrape(&gw).await;
+    assert!(!metrics.contains(ejected), "{metrics}");
+    for _ in 0..2 {
+        let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
+        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT)));
+    }
+    let metrics = scrape(&gw).await;
+    assert!(metrics.contains(ejected), "{metrics}");
+    assert_eq!(slow.infers(), 5);
+    gw.shutdown().await;
 }

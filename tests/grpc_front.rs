@@ -731,7 +731,7 @@ async fn grpc_timeout_is_a_deadline() {
     assert_status(
         c.model_infer(req).await,
         Code::DeadlineExceeded,
-        "the request to model 'm' timed out",
+        "the request to model 'm' timed out on backend 'slow'",
     );
     assert_eq!(slow.infers(), 1);
     gw.shutdown().await;
@@ -1146,7 +1146,10 @@ async fn grpc_timeout_counts_from_the_arrival_of_the_call() {
     let status = raw_model_infer(&gw, "600m", rx).await;
     assert_eq!(
         (status.code(), status.message()),
-        (Code::DeadlineExceeded, "the request to model 'm' timed out")
+        (
+            Code::DeadlineExceeded,
+            "the request to model 'm' timed out on backend 'slow'"
+        )
     );
     late.await.unwrap();
     gw.shutdown().await;

@@ -1,5 +1,6 @@
-//! Passive health: a backend is ejected after consecutive connection failures or 5xx
-//! answers, for a backoff that doubles with each ejection, and comes back when it passes.
+//! Passive health: a backend is ejected after consecutive failures (connection failures, 5xx
+//! answers, unusable 200s, overruns of the configured timeout), for a backoff that doubles
+//! with each ejection, and comes back when it passes.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -60,6 +60,9 @@ pub(super) struct Attempt<'a> {
     pub req: &'a InferRequest,
     pub original: Option<Original<'a>>,
     pub deadline: Instant,
+    /// The configured timeout set `deadline`: a backend that overruns it has failed, and
+    /// passive health counts it (a hanging backend is ejected like a refusing one).
+    pub own_deadline: bool,
     pub response_limit: usize,
     /// `[models.NAME] retry_idempotent`: a stateless request whose connection closed before
     /// any answer may go to another backend.
@@ -387,7 +390,11 @@ impl Attempt<'_> {
         // the backend. Nor is it left to the timer: tokio rounds deadlines up to the next
         // millisecond and polls the request first, so a fast backend would beat it.
         if Instant::now() >= self.deadline {
-            return Err(self.timeout().into());
+            return Err(GatewayError::Timeout(format!(
+                "the request to model '{}' timed out",
+                self.model
+            ))
+            .into());
         }
         let caps = backend.capabilities();
         let in_process = backend.backend.in_process();
@@ -434,7 +441,7 @@ impl Attempt<'_> {
         if !matches!(reply, Ok(Err(BackendError::Connect(_)))) {
             obs.backend_calls += 1;
         }
-        let reply = reply.map_err(|_| self.timeout())?;
+        let reply = reply.map_err(|_| self.timed_out(backend))?;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
@@ -479,7 +486,10 @@ impl Attempt<'_> {
                     if !status.is_server_error() {
                         backend.health.record_success();
                     }
-                    let bytes = self.read(body, MAX_ERROR_BODY).await?.unwrap_or_default();
+                    let bytes = self
+                        .read(backend, body, MAX_ERROR_BODY)
+                        .await?
+                        .unwrap_or_default();
                     return Err(Failure {
                         error: backend_status_error(
                             backend,
@@ -525,7 +535,7 @@ impl Attempt<'_> {
         obs: &mut Observation,
     ) -> Result<Outcome, GatewayError> {
         let inferring = Phase::start();
-        let bytes = self.read(body, self.response_limit).await;
+        let bytes = self.read(backend, body, self.response_limit).await;
         inferring.end(&mut obs.compute_infer);
         let bytes = bytes?.map_err(|e| {
             GatewayError::BadGateway(format!(
@@ -565,20 +575,28 @@ impl Attempt<'_> {
         }
     }
 
-    fn timeout(&self) -> GatewayError {
-        GatewayError::Timeout(format!("the request to model '{}' timed out", self.model))
+    /// The deadline passed while `backend` had the request.
+    fn timed_out(&self, backend: &BackendHandle) -> GatewayError {
+        if self.own_deadline {
+            self.record_failure(backend);
+        }
+        GatewayError::Timeout(format!(
+            "the request to model '{}' timed out on backend '{}'",
+            self.model, backend.name
+        ))
     }
 
     /// Reads a body within the deadline.
     async fn read(
         &self,
+        backend: &BackendHandle,
         body: super::BackendBody,
         limit: usize,
     ) -> Result<Result<Bytes, String>, GatewayError> {
         let read = Limited::new(body, limit).collect();
         match tokio::time::timeout_at(self.deadline, read).await {
             Ok(r) => Ok(r.map(|c| c.to_bytes()).map_err(|e| e.to_string())),
-            Err(_) => Err(self.timeout()),
+            Err(_) => Err(self.timed_out(backend)),
         }
     }
 }

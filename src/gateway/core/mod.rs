@@ -123,6 +123,7 @@ pub async fn infer(
     validating.end(&mut obs.compute_input);
     let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
     let limits = config.limits.protocol();
+    let (deadline, own_deadline) = deadline(config, ctx.model, req, ctx.transport_deadline);
     let attempt = attempt::Attempt {
         gw,
         limits: &limits,
@@ -131,7 +132,8 @@ pub async fn infer(
         metadata: &entry.metadata,
         req,
         original: ctx.original,
-        deadline: deadline(config, ctx.model, req, ctx.transport_deadline),
+        deadline,
+        own_deadline,
         response_limit: config.limits.max_body_bytes.saturating_mul(4),
         retry_idempotent: config
             .model(ctx.model)
@@ -145,13 +147,15 @@ pub async fn infer(
 }
 
 /// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
-/// parameter (microseconds; 0 means none, as in Triton) and by the transport's own.
+/// parameter (microseconds; 0 means none, as in Triton) and by the transport's own. The flag
+/// says whether the configured timeout set it: only a backend that overran the operator's
+/// own limit has failed; one that missed a client's shorter wish may just be a model.
 fn deadline(
     config: &Config,
     model: &str,
     req: &InferRequest,
     transport: Option<Instant>,
-) -> Instant {
+) -> (Instant, bool) {
     let configured = config
         .model(model)
         .and_then(|m| m.timeout_ms)
@@ -162,8 +166,11 @@ fn deadline(
         .timeout_us
         .filter(|us| *us > 0)
         .map(Duration::from_micros);
-    let own = Instant::now() + wanted.map_or(configured, |w| w.min(configured));
-    transport.map_or(own, |t| t.min(own))
+    let now = Instant::now();
+    let own = now + configured;
+    let shortened = wanted.map_or(own, |w| own.min(now + w));
+    let shortened = transport.map_or(shortened, |t| t.min(shortened));
+    (shortened, shortened == own)
 }
 
 /// Inferences in a request: the first input's first dimension when the model's shape starts
