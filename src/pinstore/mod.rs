@@ -16,6 +16,7 @@
 //! and the store is left alone for a second before it is tried again.
 
 mod claims;
+mod outage_log;
 mod redis_pins;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +36,6 @@ pub use redis_pins::pin_key;
 /// After a failure the store is not asked again for this long: requests meanwhile do not
 /// each wait for a timeout.
 const BACKOFF: Duration = Duration::from_secs(1);
-/// At most one warning per this long; the metric counts every failure.
-const WARN_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -78,8 +77,7 @@ pub struct PinStore {
     epoch: Instant,
     /// Milliseconds since `epoch` until which the store is skipped.
     skip_until: AtomicU64,
-    last_warning: AtomicU64,
-    failures_since_warning: AtomicU64,
+    outages: outage_log::OutageLog,
 }
 
 /// How long the startup probe waits for Redis: long enough for a TLS handshake and AUTH to
@@ -126,8 +124,7 @@ impl PinStore {
             up: metrics.pin_store_up.clone(),
             epoch: Instant::now(),
             skip_until: AtomicU64::new(0),
-            last_warning: AtomicU64::new(0),
-            failures_since_warning: AtomicU64::new(0),
+            outages: outage_log::OutageLog::default(),
         };
         metrics.expose_pin_store();
         store.up.set(1);
@@ -171,7 +168,8 @@ impl PinStore {
         if self.up.get() == 0 {
             self.up.set(1);
             self.skip_until.store(0, Ordering::Relaxed);
-            tracing::info!(url = %self.url, "the pin store answers again; sequences are shared through it");
+            let unlogged = self.outages.recovered();
+            tracing::info!(url = %self.url, failures_not_logged = unlogged, "the pin store answers again; sequences are shared through it");
         }
     }
 
@@ -314,23 +312,14 @@ impl PinStore {
     }
 
     fn warn(&self, op: Op, error: &str) {
-        let now = self.now_ms();
-        let last = self.last_warning.load(Ordering::Relaxed);
-        let suppressed = self.failures_since_warning.fetch_add(1, Ordering::Relaxed);
-        if (last != 0 && now < last + WARN_EVERY.as_millis() as u64)
-            || self
-                .last_warning
-                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
+        let Some(unlogged) = self.outages.failure(self.now_ms()) else {
             return;
-        }
-        self.failures_since_warning.store(0, Ordering::Relaxed);
+        };
         tracing::warn!(
             url = %self.url,
             op = op.name(),
             error,
-            failures_since_last_warning = suppressed,
+            failures_since_last_warning = unlogged,
             "pin store unavailable; routing by the hash table and this replica's pins until it answers"
         );
     }
