@@ -16,6 +16,10 @@ use crate::metrics::Metrics;
 use crate::server::{self, ServeOptions};
 use crate::tls::ReloadableTls;
 
+/// How long before the drain deadline requests still waiting for a backend are answered
+/// 503 (at most a quarter of the drain).
+const CUT_MARGIN: Duration = Duration::from_millis(250);
+
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
@@ -26,6 +30,8 @@ pub struct Running {
     pub tls: Option<Arc<ReloadableTls>>,
     stop: watch::Sender<bool>,
     shutdown_delay: Duration,
+    /// `limits.drain_timeout_ms`.
+    drain: Duration,
     /// The listeners; each says whether its drain deadline passed.
     tasks: Vec<JoinHandle<bool>>,
     /// Refresh, DNS rediscovery and the pin sweep: stopped at shutdown.
@@ -47,6 +53,14 @@ impl Running {
         }
         self.gateway.start_closing();
         let _ = self.stop.send(true);
+        // Shortly before the drain deadline, requests still waiting for a backend answer
+        // 503, in time for the answer to be written before connections are closed.
+        let gateway = self.gateway.clone();
+        let cut_at = self.drain.saturating_sub(CUT_MARGIN.min(self.drain / 4));
+        let cutter = tokio::spawn(async move {
+            tokio::time::sleep(cut_at).await;
+            gateway.cut_in_flight();
+        });
         for t in self.tasks {
             if t.await.unwrap_or(false) {
                 // The requests still open are cut off as the process ends: the gateway's
@@ -54,6 +68,7 @@ impl Running {
                 self.gateway.mark_drain_expired();
             }
         }
+        cutter.abort();
         for t in self.background {
             t.abort();
         }
@@ -191,6 +206,7 @@ pub async fn start_with_resolver(
         tls,
         stop,
         shutdown_delay: Duration::from_millis(config.limits.shutdown_delay_ms),
+        drain: Duration::from_millis(config.limits.drain_timeout_ms),
         tasks,
         background,
     })

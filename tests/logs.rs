@@ -232,8 +232,9 @@ async fn plain_access_logs() {
     );
 }
 
-/// A request still in flight when the drain deadline passes is cut off by the shutdown: its
-/// access line says so, with a 503, not as a client that went away (499).
+/// A request still waiting for its backend when the drain deadline comes is cut off by the
+/// shutdown: its client gets a 503 that says so (with `Connection: close`), not a bare
+/// disconnect, and its access line the same, with the backend that had the request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
     let slow =
@@ -267,7 +268,19 @@ async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
     }
     assert_eq!(slow.infers(), 1);
     let text = gw.stop();
-    assert!(request.await.unwrap().is_err(), "the connection was cut");
+    let answer = request
+        .await
+        .unwrap()
+        .expect("an answer, not a cut connection");
+    assert_eq!(answer.status(), 503);
+    assert_eq!(
+        answer.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    assert_eq!(
+        answer.text().await.unwrap(),
+        r#"{"error":"the gateway shut down before the answer (limits.drain_timeout_ms passed)"}"#
+    );
     let line: serde_json::Value = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -277,15 +290,17 @@ async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
         .unwrap_or_else(|| panic!("no access line in {text}"));
     let f = &line["fields"];
     assert_eq!(
-        (&f["status"], &f["model"], &f["error"]),
+        (&f["status"], &f["model"], &f["backend"], &f["error"]),
         (
             &serde_json::json!(503),
             &serde_json::json!("m"),
+            &serde_json::json!("slow"),
             &serde_json::json!(
                 "the gateway shut down before the answer (limits.drain_timeout_ms passed)"
             )
         )
     );
+    assert_eq!(f["bytes_in"], serde_json::json!(73), "{line}");
 }
 
 /// A request a layer refuses (auth here; shedding answers the same way) has an access line

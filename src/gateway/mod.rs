@@ -42,6 +42,8 @@ pub struct Gateway {
     /// `true` once the listeners close (the shutdown delay is over): open streams take no
     /// more messages.
     closing: tokio::sync::watch::Sender<bool>,
+    /// Set just before the drain deadline: requests still waiting for a backend answer 503.
+    cutting: tokio::sync::watch::Sender<bool>,
     tokens: ArcSwap<Option<auth::Tokens>>,
     /// One permit per request being handled; none left means shed (503).
     permits: Arc<tokio::sync::Semaphore>,
@@ -116,6 +118,7 @@ impl Gateway {
             draining: AtomicBool::new(false),
             drain_expired: AtomicBool::new(false),
             closing: tokio::sync::watch::channel(false).0,
+            cutting: tokio::sync::watch::channel(false).0,
             tokens: ArcSwap::from_pointee(auth::Tokens::load(&config.auth)?),
             permits: Arc::new(tokio::sync::Semaphore::new(
                 config.limits.max_concurrent_requests.max(1),
@@ -294,6 +297,21 @@ impl Gateway {
         let mut rx = self.closing.subscribe();
         async move {
             let _ = rx.wait_for(|closing| *closing).await;
+        }
+    }
+
+    /// The drain deadline is about to pass: requests still waiting for a backend stop
+    /// waiting and answer 503 (`observe::SHUT_DOWN`), which their clients can tell from a
+    /// crash and retry, where the deadline itself would only close their connections.
+    pub fn cut_in_flight(&self) {
+        self.cutting.send_replace(true);
+    }
+
+    /// Completes once requests in flight are to be cut off.
+    pub(crate) fn cut(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cutting.subscribe();
+        async move {
+            let _ = rx.wait_for(|cut| *cut).await;
         }
     }
 

@@ -17,7 +17,7 @@ use crate::fleet::backend::{
 };
 use crate::fleet::{BackendHandle, CatalogEntry};
 use crate::gateway::labels::Labels;
-use crate::gateway::observe::{Observation, Phase};
+use crate::gateway::observe::{Observation, Phase, SHUT_DOWN};
 use crate::gateway::Gateway;
 use crate::pinstore::Claimed;
 use crate::protocol::rest::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
@@ -434,14 +434,14 @@ impl Attempt<'_> {
             headers: self.headers.clone(),
         };
         let inferring = Phase::start();
-        let reply = tokio::time::timeout_at(self.deadline, backend.backend.infer(call)).await;
+        let reply = self.bounded(backend, backend.backend.infer(call)).await;
         inferring.end(&mut obs.compute_infer);
         // An execution is a call that may have reached the backend: a refused connection
         // did not, a timed-out call may have.
         if !matches!(reply, Ok(Err(BackendError::Connect(_)))) {
             obs.backend_calls += 1;
         }
-        let reply = reply.map_err(|_| self.timed_out(backend))?;
+        let reply = reply?;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
@@ -594,9 +594,20 @@ impl Attempt<'_> {
         limit: usize,
     ) -> Result<Result<Bytes, String>, GatewayError> {
         let read = Limited::new(body, limit).collect();
-        match tokio::time::timeout_at(self.deadline, read).await {
-            Ok(r) => Ok(r.map(|c| c.to_bytes()).map_err(|e| e.to_string())),
-            Err(_) => Err(self.timed_out(backend)),
+        let r = self.bounded(backend, read).await?;
+        Ok(r.map(|c| c.to_bytes()).map_err(|e| e.to_string()))
+    }
+
+    /// Waits for `work` on `backend` until the deadline passes or the shutdown cuts the
+    /// requests still in flight.
+    async fn bounded<T>(
+        &self,
+        backend: &BackendHandle,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, GatewayError> {
+        tokio::select! {
+            r = tokio::time::timeout_at(self.deadline, work) => r.map_err(|_| self.timed_out(backend)),
+            () = self.gw.cut() => Err(GatewayError::Unavailable(SHUT_DOWN.to_string())),
         }
     }
 }
