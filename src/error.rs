@@ -54,6 +54,18 @@ pub enum GatewayError {
     Internal(String),
 }
 
+/// What a client is told of a handler's panic (our bug); the log has the panic's own message.
+pub const PANICKED: &str = "internal error while handling this request";
+
+/// A caught panic's message, for the log.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
 /// The header with which a tensorgate worker marks a 500 that is a model's failure on one
 /// request, not the server's ill health; a gateway in front passes it on.
 pub const MODEL_FAILURE: &str = "tensorgate-model-failure";

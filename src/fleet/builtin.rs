@@ -176,11 +176,7 @@ impl BuiltinBackend {
 /// 500, with the panic's message; the worker goes on.
 fn panicked(model: &str, e: tokio::task::JoinError) -> String {
     let detail = match e.try_into_panic() {
-        Ok(payload) => payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into()),
+        Ok(payload) => crate::error::panic_message(&*payload).to_string(),
         Err(e) => e.to_string(),
     };
     format!("model '{model}' failed: the runtime panicked: {detail}")

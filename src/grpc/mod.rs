@@ -22,6 +22,7 @@ use futures_util::Stream;
 use tonic::body::Body;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
+use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::error::GatewayError;
@@ -45,7 +46,23 @@ use service::grpc_inference_service_server::{GrpcInferenceService, GrpcInference
 
 /// The whole gRPC listener's service: inference and health on one port, behind the layers
 /// every listener shares (request id, auth, shedding), for gRPC requests only.
-pub type GrpcService = OnlyGrpc<PropagateRequestId<Auth<Shed<GrpcRoutes, GrpcPolicy>, GrpcPolicy>>>;
+pub type GrpcService = CatchPanic<
+    OnlyGrpc<PropagateRequestId<Auth<Shed<GrpcRoutes, GrpcPolicy>, GrpcPolicy>>>,
+    PanicHandler,
+>;
+
+/// Turns a caught panic into a gRPC answer.
+type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body>;
+
+/// A handler that panicked (our bug) answers INTERNAL for that RPC alone, as REST answers
+/// 500; without this the stream would be reset with no status and no log line.
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body> {
+    tracing::error!(
+        panic = crate::error::panic_message(&panic),
+        "an RPC handler panicked; answered INTERNAL"
+    );
+    Status::internal(crate::error::PANICKED).into_http()
+}
 
 const SERVICE: &str = "/inference.GRPCInferenceService/";
 
@@ -81,6 +98,7 @@ impl Policy for GrpcPolicy {
 pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
     let routes = routes_for(gw.clone());
     tower::ServiceBuilder::new()
+        .layer(CatchPanicLayer::custom(panicked as PanicHandler))
         .layer(tower::layer::layer_fn(OnlyGrpc))
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             crate::gateway::REQUEST_ID,
@@ -361,5 +379,23 @@ impl GrpcInferenceService for GrpcFront {
         _: Request<pb::LogSettingsRequest>,
     ) -> Result<Response<pb::LogSettingsResponse>, Status> {
         Err(GatewayError::backend_setting("log settings").to_grpc())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handler's panic answers that RPC INTERNAL, in a trailers-only answer gRPC clients read.
+    #[test]
+    fn a_panic_is_an_internal_status() {
+        let r = panicked(Box::new("a bug in a handler"));
+        assert_eq!(r.status(), http::StatusCode::OK);
+        assert_eq!(r.headers()["grpc-status"], "13");
+        // Percent-encoded on the wire, as gRPC's spec has it.
+        assert_eq!(
+            r.headers()["grpc-message"],
+            "internal%20error%20while%20handling%20this%20request"
+        );
     }
 }

@@ -41,16 +41,21 @@ impl Policy for RestPolicy {
     }
 
     fn deny(&self, _: &Gateway, _: &str, e: GatewayError) -> Response<Body> {
-        // The access line says why, as for a handler's refusal.
-        let obs = observe::Observation {
-            failure: Some(observe::failure_of(&e)),
-            error: Some(e.message().to_string()),
-            ..Default::default()
-        };
-        let mut r = error_response(&e);
-        r.extensions_mut().insert(obs);
-        r
+        observed_error(&e)
     }
+}
+
+/// An error's answer, carrying the observation that makes its access line say why, as for
+/// a handler's refusal.
+fn observed_error(e: &GatewayError) -> Response<Body> {
+    let obs = observe::Observation {
+        failure: Some(observe::failure_of(e)),
+        error: Some(e.message().to_string()),
+        ..Default::default()
+    };
+    let mut r = error_response(e);
+    r.extensions_mut().insert(obs);
+    r
 }
 
 type DispatchFuture = std::pin::Pin<
@@ -131,11 +136,11 @@ where
     // Boxed here, where every type is concrete: rustc cannot prove an unboxed stack future
     // `Send` inside the listener's future (a higher-ranked lifetime limitation).
     let answer: DispatchFuture = Box::pin(stack.oneshot(req));
-    let mut response = match answer.await {
+    let mut response = match catch_panic(answer).await {
         Ok(r) => r,
         Err(never) => match never {},
     };
-    // None: a layer answered (a panic caught) before the handler ran.
+    // None: a layer answered before the handler ran.
     let mut obs = response
         .extensions_mut()
         .remove::<observe::Observation>()
@@ -179,6 +184,26 @@ where
     );
     abandoned.disarm();
     response
+}
+
+/// Runs the handler, a panic in it (our bug) turned into a 500 whose observation says so.
+/// Caught here, inside `handle`, not only by the listener's outer layer: the unwind would
+/// otherwise fire `Abandoned`, and the request be logged and counted as a client that went
+/// away while its client got a 500.
+async fn catch_panic(answer: DispatchFuture) -> Result<Response<Body>, std::convert::Infallible> {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(answer).catch_unwind().await {
+        Ok(answer) => answer,
+        Err(panic) => {
+            tracing::error!(
+                panic = crate::error::panic_message(&*panic),
+                "a request handler panicked; answered 500"
+            );
+            Ok(observed_error(&GatewayError::Internal(
+                crate::error::PANICKED.into(),
+            )))
+        }
+    }
 }
 
 /// A request that ended before its answer (hyper dropped its future): its access line and
@@ -472,6 +497,32 @@ mod tests {
             .map(|p| Ok(Frame::data(Bytes::from_static(p))))
             .collect();
         StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    /// A handler's panic is this request's 500, observed as the gateway's own failure, not
+    /// as a client that went away (which the unwind would otherwise make of it).
+    #[tokio::test]
+    async fn a_handlers_panic_is_an_observed_500() {
+        let bug = std::hint::black_box(true);
+        let answer: DispatchFuture = Box::pin(async move {
+            if bug {
+                panic!("a bug in a handler");
+            }
+            Ok(error_response(&GatewayError::NotFound(String::new())))
+        });
+        let mut r = catch_panic(answer).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let obs = r.extensions_mut().remove::<observe::Observation>().unwrap();
+        assert_eq!(obs.error.as_deref(), Some(crate::error::PANICKED));
+        assert_eq!(
+            obs.failure,
+            Some(observe::failure_of(&GatewayError::Internal(String::new())))
+        );
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            br#"{"error":"internal error while handling this request"}"#
+        );
     }
 
     #[tokio::test]

@@ -77,11 +77,12 @@ where
     }
 }
 
-fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> {
-    tracing::error!("a request handler panicked; answered 500");
-    error_response(&GatewayError::Internal(
-        "internal error while handling this request".into(),
-    ))
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> {
+    tracing::error!(
+        panic = crate::error::panic_message(&panic),
+        "a request handler panicked; answered 500"
+    );
+    error_response(&GatewayError::Internal(crate::error::PANICKED.into()))
 }
 
 /// How connections are served.
