@@ -9,11 +9,10 @@
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use tensorgate::protocol::rest::decode::{decode_request, RequestBody};
+use tensorgate::protocol::rest::encode::{encode_request, encode_response};
 use tensorgate::protocol::rest::json_data::count_elements;
-use tensorgate::protocol::{
-    decode_request, encode_request, encode_response, DataType, InferResponse, Limits, Parameters,
-    RequestBody, Tensor,
-};
+use tensorgate::protocol::{DataType, InferResponse, Limits, Parameters, Tensor};
 
 const N: usize = 1_000_000;
 

@@ -11,7 +11,7 @@ use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 
 use crate::error::GatewayError;
-use crate::protocol::EncodedBody;
+use crate::protocol::rest::encode::EncodedBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -121,7 +121,7 @@ pub fn encoded_response(body: EncodedBody) -> Response<Body> {
         .header(header::CONTENT_TYPE, body.content_type());
     if let Some(n) = body.header_length() {
         r = r.header(
-            crate::protocol::HEADER_CONTENT_LENGTH,
+            crate::protocol::rest::decode::HEADER_CONTENT_LENGTH,
             HeaderValue::from(n as u64),
         );
     }

@@ -7,10 +7,9 @@ use crate::codec_common;
 use bytes::Bytes;
 use codec_common::{canonical, request, roundtrip_request, tensor_strategy};
 use proptest::prelude::*;
-use tensorgate::protocol::{
-    decode_request, decode_response, encode_request, encode_response, InferResponse, Limits,
-    Parameters, Tensor,
-};
+use tensorgate::protocol::rest::decode::{decode_request, decode_response};
+use tensorgate::protocol::rest::encode::{encode_request, encode_response};
+use tensorgate::protocol::{InferResponse, Limits, Parameters, Tensor};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]

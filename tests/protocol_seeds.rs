@@ -2,9 +2,11 @@
 //! these tests in tests/fixtures/seeds/).
 
 use bytes::Bytes;
+use tensorgate::protocol::rest::decode::{decode_request, decode_response, RequestBody};
+use tensorgate::protocol::rest::encode::encode_response;
+use tensorgate::protocol::rest::raw::expand_raw;
 use tensorgate::protocol::{
-    classify, decode_request, decode_response, encode_response, expand_raw, DataType,
-    InferResponse, Limits, ModelMetadata, Parameters, RequestBody, SequenceId, Tensor,
+    classify, DataType, InferResponse, Limits, ModelMetadata, Parameters, SequenceId, Tensor,
     TensorMetadata,
 };
 

@@ -2,9 +2,9 @@
 //! the original buffer: the encoded body's tensor parts are slices of the received body.
 
 use bytes::Bytes;
-use tensorgate::protocol::{
-    decode_request, decode_response, encode_request, encode_response, Limits, RequestBody,
-};
+use tensorgate::protocol::rest::decode::{decode_request, decode_response, RequestBody};
+use tensorgate::protocol::rest::encode::{encode_request, encode_response};
+use tensorgate::protocol::Limits;
 
 fn within(part: &Bytes, body: &Bytes) -> bool {
     let (start, end) = (body.as_ptr() as usize, body.as_ptr() as usize + body.len());

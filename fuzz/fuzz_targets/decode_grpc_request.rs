@@ -12,8 +12,13 @@ use tensorgate::protocol::Limits;
 fuzz_target!(|data: &[u8]| {
     // The look at the wire bytes the gRPC edge takes first never panics either.
     let _ = check_fanout(data, tensorgate::protocol::grpc::INFER_REQUEST_FIELDS);
-    let limits = Limits { max_tensor_elements: 1 << 16, ..Limits::default() };
-    let Ok(req) = decode_infer_request_bytes(Bytes::copy_from_slice(data), &limits) else { return };
+    let limits = Limits {
+        max_tensor_elements: 1 << 16,
+        ..Limits::default()
+    };
+    let Ok(req) = decode_infer_request_bytes(Bytes::copy_from_slice(data), &limits) else {
+        return;
+    };
     let again = decode_infer_request(encode_infer_request("m", "", &req), &limits)
         .expect("a decoded request encodes to a valid one");
     assert_eq!(again.inputs, req.inputs);

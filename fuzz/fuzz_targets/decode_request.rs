@@ -3,13 +3,19 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
+use tensorgate::protocol::rest::decode::{decode_request, RequestBody};
+use tensorgate::protocol::rest::encode::{encode_request, encode_response};
+use tensorgate::protocol::rest::raw::expand_raw;
 use tensorgate::protocol::{
-    decode_request, encode_request, encode_response, expand_raw, validate_request, InferResponse, Limits,
-    ModelMetadata, RequestBody, TensorMetadata,
+    validate_request, InferResponse, Limits, ModelMetadata, TensorMetadata,
 };
 
 fn model() -> ModelMetadata {
-    let t = |n: &str, d: &str, s: &[i64]| TensorMetadata { name: n.into(), datatype: d.into(), shape: s.to_vec() };
+    let t = |n: &str, d: &str, s: &[i64]| TensorMetadata {
+        name: n.into(),
+        datatype: d.into(),
+        shape: s.to_vec(),
+    };
     ModelMetadata {
         name: "m".into(),
         versions: vec!["1".into()],
@@ -21,14 +27,20 @@ fn model() -> ModelMetadata {
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the header: absent, 0 (raw), or a length within the body.
-    let Some((&sel, rest)) = data.split_first() else { return };
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
     let body = Bytes::copy_from_slice(rest);
     let header = match sel % 3 {
         0 => None,
         1 => Some("0".to_string()),
         _ => Some((sel as usize * 7 % (rest.len() + 1)).to_string()),
     };
-    let limits = Limits { max_json_bytes: 1 << 20, max_json_depth: 32, max_tensor_elements: 1 << 20 };
+    let limits = Limits {
+        max_json_bytes: 1 << 20,
+        max_json_depth: 32,
+        max_tensor_elements: 1 << 20,
+    };
     let req = match decode_request(&body, header.as_deref().map(str::as_bytes), &limits) {
         Ok(RequestBody::Message(r)) => r,
         Ok(RequestBody::Raw(raw)) => match expand_raw(raw, &model(), &limits) {
@@ -47,6 +59,10 @@ fuzz_target!(|data: &[u8]| {
         parameters: req.parameters.clone(),
         outputs: req.inputs.clone(),
     };
-    let flags: Vec<bool> = echo.outputs.iter().map(|o| req.wants_binary(&o.name)).collect();
+    let flags: Vec<bool> = echo
+        .outputs
+        .iter()
+        .map(|o| req.wants_binary(&o.name))
+        .collect();
     let _ = encode_response(&echo, &flags);
 });

@@ -5,7 +5,9 @@ use tensorgate::protocol::rest::json_data::{count_elements, parse_data};
 use tensorgate::protocol::DataType;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&sel, text)) = data.split_first() else { return };
+    let Some((&sel, text)) = data.split_first() else {
+        return;
+    };
     let dt = DataType::ALL[sel as usize % DataType::ALL.len()];
     let counted = count_elements(text, 16);
     if let Ok((bytes, n)) = parse_data(text, dt, 16, 1 << 16) {

@@ -8,9 +8,8 @@ use super::pool::BackendBody;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::protocol::{
-    EncodedBody, InferRequest, InferResponse, ModelMetadata, ServerMetadata, Tolerance,
-};
+use crate::protocol::rest::encode::EncodedBody;
+use crate::protocol::{InferRequest, InferResponse, ModelMetadata, ServerMetadata, Tolerance};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

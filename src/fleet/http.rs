@@ -20,8 +20,9 @@ use super::backend::{
 use super::pool::{BackendBody, ConnPool, Connector, SendError};
 use crate::body::{full, Body, PartsBody};
 use crate::models::repository::{IndexEntry as RepoEntry, ModelState};
+use crate::protocol::rest::decode::HEADER_CONTENT_LENGTH;
 use crate::protocol::tolerance::Tolerance;
-use crate::protocol::{ModelMetadata, ServerMetadata, HEADER_CONTENT_LENGTH};
+use crate::protocol::{ModelMetadata, ServerMetadata};
 
 /// Metadata and error bodies larger than this are refused; they are never that large.
 const MAX_SMALL_BODY: usize = 16 << 20;

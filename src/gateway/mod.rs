@@ -17,7 +17,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 
-pub use self::core::BACKEND_HEADER;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
@@ -27,6 +26,8 @@ use crate::routing::Router;
 
 /// Echoed to the client and passed to backends, for correlating logs.
 pub const REQUEST_ID: &str = "x-request-id";
+/// The backend that served (or failed) a request, on REST answers and gRPC metadata alike.
+pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
 pub struct Gateway {
     config: ArcSwap<Config>,

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::core::{lookup, lookup_for_readiness};
 use super::Gateway;
 use crate::error::GatewayError;
-use crate::fleet::backend::RepositoryAction;
+pub use crate::fleet::backend::RepositoryAction;
 use crate::fleet::repository::ControlOutcome;
 use crate::fleet::CatalogEntry;
 use crate::protocol::metadata::extensions;

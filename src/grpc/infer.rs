@@ -15,15 +15,12 @@ use tonic::{Request, Response, Status};
 
 use super::BoxStream;
 use crate::error::GatewayError;
-use crate::gateway::core::{self, InferContext, Outcome, Protocol, BACKEND_HEADER};
+use crate::gateway::core::{self, InferContext, Outcome, Protocol};
 use crate::gateway::observe::{
     access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
 };
-use crate::gateway::{Gateway, Raised, REQUEST_ID};
-use crate::protocol::grpc::pb::infer_parameter::ParameterChoice;
-use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb};
-use crate::protocol::params::MAX_SEQUENCE_ID_LEN;
-use crate::protocol::SequenceId;
+use crate::gateway::{Gateway, Raised, BACKEND_HEADER, REQUEST_ID};
+use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb, peek_sequence_id};
 
 /// Requests of one stream handled at once; further messages wait to be read, which
 /// pushes back on the client through HTTP/2 flow control. Messages waiting for their
@@ -341,25 +338,14 @@ fn code_name(code: tonic::Code) -> &'static str {
 }
 
 /// The sequence a stream message belongs to, as a key for ordering (not for routing): a hash
-/// of the model and the id, so that a client's long ids cost nothing to keep. An id the
-/// decoder will refuse (too long) needs no ordering.
+/// of the model and the id, so that a client's long ids cost nothing to keep.
 fn sequence_key(msg: &pb::ModelInferRequest) -> Option<u64> {
-    let id = match msg
-        .parameters
-        .get("sequence_id")?
-        .parameter_choice
-        .as_ref()?
-    {
-        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => return None,
-        ParameterChoice::Int64Param(i) => SequenceId::Uint(*i as u64),
-        ParameterChoice::Uint64Param(u) => SequenceId::Uint(*u),
-        ParameterChoice::StringParam(s) if s.is_empty() || s.len() > MAX_SEQUENCE_ID_LEN => {
-            return None
-        }
-        ParameterChoice::StringParam(s) => SequenceId::String(s.clone()),
-        _ => return None,
-    };
-    Some(crate::routing::sequence_key(&msg.model_name, &id))
+    use std::hash::BuildHasher;
+    let id = peek_sequence_id(msg)?;
+    Some(
+        std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+            .hash_one((&msg.model_name, id)),
+    )
 }
 
 /// Keeps the requests of each sequence on one stream in the order they were sent, while

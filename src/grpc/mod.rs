@@ -26,9 +26,9 @@ use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::error::GatewayError;
-use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::layers::{Auth, AuthLayer, Policy, Shed, ShedLayer};
+use crate::gateway::queries::RepositoryAction;
 use crate::gateway::Gateway;
 use crate::gateway::{model_config, queries};
 use crate::protocol::grpc::pb;

@@ -23,11 +23,6 @@ pub use limits::Limits;
 pub use message::{InferRequest, InferResponse, RequestedOutput};
 pub use metadata::{ModelMetadata, ServerMetadata, TensorMetadata};
 pub use params::{OutputOptions, ParamValue, Parameters, RequestOptions, SequenceId};
-pub use rest::decode::{
-    decode_backend_response, decode_request, decode_response, RequestBody, HEADER_CONTENT_LENGTH,
-};
-pub use rest::encode::{encode_request, encode_response, EncodedBody};
-pub use rest::raw::expand_raw;
 pub use tensor::Tensor;
 pub use tolerance::{Tolerance, Tolerated};
 pub use validate::validate_request;

@@ -78,7 +78,8 @@ pub fn validate_request(req: &InferRequest, model: &ModelMetadata) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode_request, Limits, RequestBody, TensorMetadata};
+    use crate::protocol::rest::decode::{decode_request, RequestBody};
+    use crate::protocol::{Limits, TensorMetadata};
     use bytes::Bytes;
 
     fn model() -> ModelMetadata {

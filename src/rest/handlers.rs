@@ -6,10 +6,10 @@ use serde_json::json;
 use super::status_json;
 use crate::body::Body;
 use crate::error::GatewayError;
-use crate::fleet::backend::RepositoryAction;
 use crate::gateway::core::lookup;
 use crate::gateway::observe::Observation;
 use crate::gateway::queries;
+use crate::gateway::queries::RepositoryAction;
 use crate::gateway::Gateway;
 
 pub fn server_metadata(gw: &Gateway) -> Response<Body> {

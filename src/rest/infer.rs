@@ -13,10 +13,12 @@ use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Original, Outcome};
 use crate::gateway::observe::{Observation, Phase};
 use crate::gateway::{Gateway, REQUEST_ID};
-use crate::protocol::{
-    decode_request, encode_response, expand_raw, rest::decode::parse_header_length, InferRequest,
-    InferResponse, RequestBody, HEADER_CONTENT_LENGTH,
+use crate::protocol::rest::decode::{
+    decode_request, parse_header_length, RequestBody, HEADER_CONTENT_LENGTH,
 };
+use crate::protocol::rest::encode::encode_response;
+use crate::protocol::rest::raw::expand_raw;
+use crate::protocol::{InferRequest, InferResponse};
 
 /// Checks `Inference-Header-Content-Length` before the body is read: one value (repeated
 /// lines must agree, or there is no right one to pick), a number, and within the JSON limit,

@@ -2,7 +2,7 @@
 
 use http::Method;
 
-use crate::fleet::backend::RepositoryAction;
+use crate::gateway::queries::RepositoryAction;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {

@@ -4,11 +4,10 @@
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use tensorgate::protocol::rest::decode::{decode_request, RequestBody};
+use tensorgate::protocol::rest::encode::encode_request;
 use tensorgate::protocol::tensor::frame_bytes;
-use tensorgate::protocol::{
-    decode_request, encode_request, DataType, InferRequest, Limits, Parameters, RequestBody,
-    RequestOptions, Tensor,
-};
+use tensorgate::protocol::{DataType, InferRequest, Limits, Parameters, RequestOptions, Tensor};
 
 pub fn tensor_strategy() -> impl Strategy<Value = Tensor> {
     let shape = prop::collection::vec(0u64..4, 0..4);

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tensorgate::config::Config;
-use tensorgate::protocol::{decode_response, DataType, InferResponse, Limits, Tensor};
+use tensorgate::protocol::rest::decode::decode_response;
+use tensorgate::protocol::{DataType, InferResponse, Limits, Tensor};
 use tensorgate::run::{self, Running};
 
 /// How the gateway under test reaches the built-in models.

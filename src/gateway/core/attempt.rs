@@ -20,16 +20,12 @@ use crate::gateway::labels::Labels;
 use crate::gateway::observe::{Observation, Phase, SHUT_DOWN};
 use crate::gateway::Gateway;
 use crate::pinstore::Claimed;
-use crate::protocol::rest::encode::{CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
-use crate::protocol::{
-    decode_backend_response, encode_request, InferRequest, Limits, ModelMetadata, SequenceId,
-    HEADER_CONTENT_LENGTH,
-};
+use crate::protocol::rest::decode::{decode_backend_response, HEADER_CONTENT_LENGTH};
+use crate::protocol::rest::encode::{encode_request, CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
+use crate::protocol::{InferRequest, Limits, ModelMetadata, SequenceId};
 use crate::routing::Route;
 
 type BackendRoute = Route<BackendHandle>;
-
-pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
 
 /// Backend error bodies are read up to this size.
 const MAX_ERROR_BODY: usize = 64 << 10;

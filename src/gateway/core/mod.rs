@@ -35,7 +35,6 @@ pub use crate::fleet::pool::BackendBody;
 use crate::fleet::CatalogEntry;
 use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetadata};
 
-pub use attempt::BACKEND_HEADER;
 pub use lookup::{lookup, lookup_for_readiness};
 
 /// The client's encoded request body, which may go to a backend unchanged.

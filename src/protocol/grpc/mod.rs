@@ -22,7 +22,7 @@ use super::tensor::{
 };
 
 pub use fanout::{check_fanout, INFER_REQUEST_FIELDS, MAX_REPEATED};
-pub use params::{params_from_proto, params_to_proto};
+pub use params::{params_from_proto, params_to_proto, peek_sequence_id};
 
 /// The messages of `proto/inference.proto`, generated at build time.
 #[allow(clippy::all, missing_docs)]

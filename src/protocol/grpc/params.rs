@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use super::pb::infer_parameter::ParameterChoice;
 use super::pb::InferParameter;
 use crate::protocol::error::{ProtocolError, Result};
-use crate::protocol::params::{check_count, ParamValue, Parameters};
+use crate::protocol::params::{
+    check_count, ParamValue, Parameters, SequenceId, MAX_SEQUENCE_ID_LEN,
+};
 
 /// A non-negative int64 is the same value as an unsigned one: both read as `Uint`, which is
 /// how a JSON client's `"sequence_id": 42` reads too, so a sequence is the same key on
@@ -36,6 +38,19 @@ fn from_choice(key: &str, p: InferParameter) -> Result<ParamValue> {
             )))
         }
     })
+}
+
+/// The `sequence_id` of a request not yet decoded, read as the decoder reads it; `None`
+/// when it has none, or one the decoder will refuse (the wrong type, too long).
+pub fn peek_sequence_id(msg: &super::pb::ModelInferRequest) -> Option<SequenceId> {
+    let p = msg.parameters.get("sequence_id")?;
+    match from_choice("sequence_id", p.clone()).ok()? {
+        ParamValue::Uint(0) => None,
+        ParamValue::Uint(u) => Some(SequenceId::Uint(u)),
+        ParamValue::String(s) if s.is_empty() || s.len() > MAX_SEQUENCE_ID_LEN => None,
+        ParamValue::String(s) => Some(SequenceId::String(s)),
+        _ => None,
+    }
 }
 
 pub fn params_from_proto(map: HashMap<String, InferParameter>) -> Result<Parameters> {

@@ -264,7 +264,7 @@ pub(crate) fn tensor_name(json: &[u8], list: &str, idx: usize) -> Option<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode_request, RequestBody};
+    use crate::protocol::rest::decode::{decode_request, RequestBody};
     use bytes::Bytes;
 
     /// The fast path must decode exactly what the serde path decodes.
