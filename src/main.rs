@@ -237,7 +237,21 @@ async fn run(
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "tensorgate is serving");
+    let off =
+        |a: Option<std::net::SocketAddr>| a.map_or_else(|| "off".to_string(), |a| a.to_string());
+    let backends = running.gateway.config().backends.len();
+    tracing::info!(
+        rest = %running.addr,
+        grpc = %off(running.grpc_addr),
+        metrics = %off(running.metrics_addr),
+        backends,
+        "tensorgate is serving"
+    );
+    if backends == 0 {
+        tracing::warn!(
+            "no [[backends]] are configured: every model is unknown until a reload adds some"
+        );
+    }
     let reloader = reload.map(|(load, watch)| {
         tokio::spawn(tensorgate::reload::run(
             running.gateway.clone(),
@@ -294,7 +308,15 @@ fn main() -> ExitCode {
                         print_errors(&file, &errors);
                         return ExitCode::FAILURE;
                     }
-                    println!("{}: ok", file.display());
+                    if config.backends.is_empty() {
+                        // Valid (a reload may add them), but a gateway that serves nothing.
+                        println!(
+                            "{}: ok, but no [[backends]] are configured: such a gateway knows no model",
+                            file.display()
+                        );
+                    } else {
+                        println!("{}: ok", file.display());
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(errors) => {

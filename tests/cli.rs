@@ -67,6 +67,20 @@ fn check_config_accepts_the_example() {
     assert_eq!(text(&out.stdout).trim(), "config/tensorgate.toml: ok");
 }
 
+/// A config without backends is valid (a reload may add them), but check-config says what
+/// it means.
+#[test]
+fn check_config_notes_a_config_without_backends() {
+    let path = temp_file("no-backends.toml", "[server]\nlisten = \"127.0.0.1:0\"\n");
+    let p = path.to_str().unwrap();
+    let out = tensorgate(&["check-config", p]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("{p}: ok, but no [[backends]] are configured: such a gateway knows no model")
+    );
+}
+
 /// Writes `contents` to a file of its own under the target's temp dir.
 fn temp_file(name: &str, contents: &str) -> PathBuf {
     let dir =

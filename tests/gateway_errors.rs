@@ -570,7 +570,7 @@ async fn no_reachable_backend() {
     let r = env.get("/v2/health/ready").await;
     r.assert_error(
         503,
-        "no backend has a ready model; backend 'backend-0' is unreachable",
+        &format!("no backend has a ready model; backend 'backend-0' failed its health checks: cannot connect to http://127.0.0.1:{port}: client error (Connect): tcp connect error: Connection refused (os error 111)"),
     );
     assert_eq!(r.header("retry-after"), Some("1"));
     // No backend ever reported a model, so the gateway knows none.
@@ -618,7 +618,7 @@ async fn backend_that_dies_after_discovery() {
     env.gateway.gateway.fleet.refresh().await;
     env.get("/v2/health/ready").await.assert_error(
         503,
-        "no backend has a ready model; backend 'backend-0' is unreachable",
+        &format!("no backend has a ready model; backend 'backend-0' failed its health checks: cannot connect to {worker_url}: client error (Connect): tcp connect error: Connection refused (os error 111)"),
     );
     env.infer_json("simple", &body)
         .await
@@ -711,4 +711,18 @@ async fn plaintext_h2_with_prior_knowledge() {
         );
         env.shutdown().await;
     }
+}
+
+/// A gateway started with no backends (valid: a reload may add them) says why it is not
+/// ready, rather than that no backend has a ready model.
+#[tokio::test]
+async fn a_gateway_without_backends_says_so() {
+    let mut config = front_config("http://127.0.0.1:1");
+    config.backends.clear();
+    let gateway = run::start(config, false).await.unwrap();
+    let env = Env::new(Topology::Worker, gateway, None);
+    env.get("/v2/health/ready")
+        .await
+        .assert_error(503, "no [[backends]] are configured");
+    env.shutdown().await;
 }

@@ -137,6 +137,20 @@ pub enum BackendError {
     Broken(String),
 }
 
+/// The message alone, for logs and for readiness's explanation.
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendError::Connect(m)
+            | BackendError::Reset(m)
+            | BackendError::Failed(m)
+            | BackendError::Rejected(m)
+            | BackendError::Broken(m)
+            | BackendError::Status { message: m, .. } => f.write_str(m),
+        }
+    }
+}
+
 impl BackendError {
     pub fn retry(&self) -> Retry {
         match self {

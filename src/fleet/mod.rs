@@ -460,7 +460,7 @@ async fn refresh_backend(
         }
         Err(e) => {
             let failed = h.failed_checks.fetch_add(1, Ordering::Relaxed) + 1;
-            tracing::warn!(backend = %h.name, error = ?e, failed_checks = failed, "backend health check failed");
+            tracing::warn!(backend = %h.name, url = %h.key, error = %e, failed_checks = failed, "backend health check failed");
             let previous = h.state.load();
             // A backend that answers "not ready" or with an error is believed at once. One
             // that did not answer may have lost a single probe (a connection closed under
@@ -474,7 +474,7 @@ async fn refresh_backend(
             );
             if previous.reachable && no_answer && failed < unhealthy_after_checks {
                 let mut kept = BackendState::clone(&previous);
-                kept.last_error = Some(format!("{e:?}"));
+                kept.last_error = Some(e.to_string());
                 h.state.store(Arc::new(kept));
                 return;
             }
@@ -482,7 +482,7 @@ async fn refresh_backend(
             // 404 that says the model does not exist.
             BackendState {
                 reachable: false,
-                last_error: Some(format!("{e:?}")),
+                last_error: Some(e.to_string()),
                 models: previous
                     .models
                     .iter()
@@ -636,10 +636,7 @@ mod tests {
         reachability(&h, 2, 2).await;
         let state = h.state.load();
         assert!(state.models["m"].ready);
-        assert_eq!(
-            state.last_error.as_deref(),
-            Some(r#"Connect("connection refused")"#)
-        );
+        assert_eq!(state.last_error.as_deref(), Some("connection refused"));
     }
 
     #[tokio::test]

@@ -53,6 +53,9 @@ pub fn server_ready(gw: &Gateway) -> Result<(), GatewayError> {
 
 /// Why nothing is ready, with what discovery tried on each backend that exposes no models.
 fn no_ready_model(gw: &Gateway) -> String {
+    if gw.fleet.backends().is_empty() {
+        return "no [[backends]] are configured".to_string();
+    }
     let mut why = String::from("no backend has a ready model");
     for h in gw.fleet.backends().iter() {
         let state = h.state.load();
@@ -62,7 +65,13 @@ fn no_ready_model(gw: &Gateway) -> String {
                 h.name
             ));
         } else if !state.reachable {
-            why.push_str(&format!("; backend '{}' is unreachable", h.name));
+            match &state.last_error {
+                Some(e) => why.push_str(&format!(
+                    "; backend '{}' failed its health checks: {e}",
+                    h.name
+                )),
+                None => why.push_str(&format!("; backend '{}' is unreachable", h.name)),
+            }
         }
     }
     why
