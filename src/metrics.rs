@@ -104,7 +104,7 @@ impl Metrics {
         let r = Registry::new();
         let t = triton.then_some(&r);
         let mv = &["model", "version"];
-        Metrics {
+        let m = Metrics {
             nv_success: triton_counter(
                 t,
                 "nv_inference_request_success",
@@ -297,6 +297,19 @@ impl Metrics {
             )
             .expect("valid metric"),
             registry: r,
+        };
+        // Series an operator alerts on exist from the start at 0, so that the first event
+        // is an increase (a series born at 1 makes no `increase()`).
+        for result in ["success", "failure"] {
+            m.config_reloads.with_label_values(&[result]);
+        }
+        m
+    }
+
+    /// `tensorgate_tls_reloads_total` at 0 for both results, once the listeners have TLS.
+    pub fn expect_tls_reloads(&self) {
+        for result in ["success", "failure"] {
+            self.tls_reloads.with_label_values(&[result]);
         }
     }
 
@@ -375,6 +388,20 @@ impl FailureReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reload counters exist at 0 before any reload, so that an alert on `increase()` sees
+    /// the first failure.
+    #[test]
+    fn reload_counters_start_at_zero() {
+        let m = Metrics::new(false);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("tensorgate_config_reloads_total{result=\"failure\"} 0\n"));
+        assert!(text.contains("tensorgate_config_reloads_total{result=\"success\"} 0\n"));
+        assert!(!text.contains("tensorgate_tls_reloads_total"), "{text}");
+        m.expect_tls_reloads();
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("tensorgate_tls_reloads_total{result=\"failure\"} 0\n"));
+    }
 
     #[test]
     fn removed_backends_are_forgotten_everywhere() {

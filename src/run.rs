@@ -147,7 +147,10 @@ pub async fn start_with_resolver(
         let _ = rx.wait_for(|s| *s).await;
     };
     let tls = match &config.server.tls {
-        Some(t) => Some(Arc::new(ReloadableTls::new(t.clone())?)),
+        Some(t) => {
+            metrics.expect_tls_reloads();
+            Some(Arc::new(ReloadableTls::new(t.clone())?))
+        }
         None => None,
     };
     let options = ServeOptions {

@@ -271,8 +271,8 @@ fn check_bounds(config: &Config) -> Vec<String> {
     at_least(
         "limits.max_header_bytes",
         l.max_header_bytes as u64,
-        1024,
-        never,
+        8192,
+        "hyper reads HTTP/1 heads into buffers of at least 8192 bytes, so a lower limit would hold for h2 alone",
     );
     at_least(
         "limits.max_concurrent_requests",
@@ -644,7 +644,7 @@ mod tests {
     fn values_that_cannot_work_are_refused() {
         let e = errors(
             "[server]\nlog_level = \"verbose!!\"\nworker_threads = 100000\n\
-             [limits]\nrequest_timeout_ms = 0\nmax_concurrent_requests = 0\nmax_json_depth = 0\n\
+             [limits]\nrequest_timeout_ms = 0\nmax_concurrent_requests = 0\nmax_json_depth = 0\nmax_header_bytes = 4096\n\
              [fleet]\nrefresh_interval_ms = 0\nunhealthy_after_checks = 0\neject_base_ms = 5000\neject_max_ms = 10\n\
              [models.m]\ntimeout_ms = 0\n",
         );
@@ -652,12 +652,13 @@ mod tests {
             e[..e.len() - 1],
             [
                 "line 7: limits.max_json_depth must be at least 1, not 0: no request could be served",
+                "line 8: limits.max_header_bytes must be at least 8192, not 4096: hyper reads HTTP/1 heads into buffers of at least 8192 bytes, so a lower limit would hold for h2 alone",
                 "line 6: limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
                 "line 5: limits.request_timeout_ms must be at least 1, not 0: every request would time out",
-                "line 9: fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
-                "line 10: fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
-                "line 11: fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
-                "line 14: models.m.timeout_ms must be at least 1, not 0: every request would time out",
+                "line 10: fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
+                "line 11: fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
+                "line 12: fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
+                "line 15: models.m.timeout_ms must be at least 1, not 0: every request would time out",
                 "line 3: server.worker_threads must be at most 1024, not 100000",
             ]
         );

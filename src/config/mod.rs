@@ -15,7 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub use check::{error_at_key, parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS};
-pub use restart::restart_only_changes;
+pub use restart::keep_restart_only;
 
 /// The default config, embedded so that `tensorgate serve` runs with no files around it.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/tensorgate.toml");

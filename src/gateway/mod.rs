@@ -154,7 +154,7 @@ impl Gateway {
         Ok(())
     }
 
-    async fn apply_config(&self, config: Config) -> Result<(), String> {
+    async fn apply_config(&self, mut config: Config) -> Result<(), String> {
         let _serial = self.reload_lock.lock().await;
         // An editor's truncate-then-write, or a file copied in two steps, is seen half-way:
         // read as a config without backends, it would take every model offline until the
@@ -168,7 +168,7 @@ impl Gateway {
         }
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;
-        let not_applied = crate::config::restart_only_changes(&self.config(), &config);
+        let not_applied = crate::config::keep_restart_only(&self.config(), &mut config);
         if !not_applied.is_empty() {
             tracing::warn!(
                 settings = %not_applied.join(", "),
@@ -253,6 +253,8 @@ impl Gateway {
                 .load(std::sync::atomic::Ordering::Relaxed);
             let counter = self.metrics.ejections.with_label_values(&[&h.name]);
             counter.inc_by(total.saturating_sub(counter.get()));
+            // At 0 from the backend's first scrape, so that its first retry is an increase.
+            self.metrics.retries.with_label_values(&[&h.name]);
         }
     }
 

@@ -180,7 +180,7 @@ impl<S: Clone> Connections<S> {
             // connection stays open: hyper starts the timer when it waits for the next head.
             .header_read_timeout(options.header_read_timeout)
             // hyper's floor for its read buffer is 8 KiB.
-            .max_buf_size(options.max_header_bytes.max(8192))
+            .max_buf_size(options.max_header_bytes.max(8192)) // check-config refuses less
             .keep_alive(true);
         builder
             .http2()
