@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tensorgate::config::{Config, LogFormat, MAX_WORKER_THREADS};
-use tensorgate::models::{builtin_names, DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS};
+use tensorgate::models::DEFAULT_SEQUENCE_IDLE_TIMEOUT_MS;
 use tensorgate::reload::Loader;
 
 #[derive(Parser)]
@@ -75,7 +75,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9000")]
         listen: SocketAddr,
-        /// Comma-separated built-in models to serve (default: all).
+        /// Comma-separated models to serve (default: every built-in model, and every model of
+        /// --model-repository). With a repository the list may name its models too: then only
+        /// the models it names are served, so a list of repository models alone turns the
+        /// built-in demo models off.
         #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
         models: Vec<String>,
         /// How long the `accumulate` model keeps a sequence's running sum without a request
@@ -289,23 +292,37 @@ fn main() -> ExitCode {
                         print_errors(&file, &unreadable);
                         return ExitCode::FAILURE;
                     }
-                    // The TLS files as serve builds them: a key that does not match its
-                    // certificate, or a CA file without a certificate, reads fine as a file.
-                    let mut tls = Vec::new();
+                    // What serve checks once the files are read: the TLS files as serve
+                    // builds them (a key that does not match its certificate, or a CA file
+                    // without a certificate, reads fine as a file), and a built-in backend's
+                    // model names against its repository.
+                    use tensorgate::config::{error_at_key, error_at_path};
+                    let mut late = Vec::new();
                     if let Some(t) = &config.server.tls {
                         if let Err(e) = tensorgate::tls::server_config(t) {
-                            tls.push(format!("server.tls: {e}"));
+                            late.push(error_at_key(&text, format!("server.tls: {e}")));
                         }
                     }
                     if let Err(e) = tensorgate::tls::client_config(&config.fleet.tls) {
-                        tls.push(format!("fleet.tls: {e}"));
+                        late.push(error_at_key(&text, format!("fleet.tls: {e}")));
                     }
-                    if !tls.is_empty() {
-                        let errors: Vec<_> = tls
-                            .into_iter()
-                            .map(|m| tensorgate::config::error_at_key(&text, m))
-                            .collect();
-                        print_errors(&file, &errors);
+                    for (i, b) in config.backends.iter().enumerate() {
+                        if b.url.get_ref() != "builtin" {
+                            continue;
+                        }
+                        let repository = b.model_repository.as_deref().filter(|d| d.is_dir());
+                        if let Err(e) = tensorgate::models::check_model_names(&b.models, repository)
+                        {
+                            let message = format!("backend '{}': {e}", b.name.get_ref());
+                            late.push(error_at_path(
+                                &text,
+                                &format!("backends.{i}.models"),
+                                message,
+                            ));
+                        }
+                    }
+                    if !late.is_empty() {
+                        print_errors(&file, &late);
                         return ExitCode::FAILURE;
                     }
                     if config.backends.is_empty() {
@@ -384,22 +401,20 @@ fn main() -> ExitCode {
             model_repository,
             worker_threads,
         } => {
-            let all = builtin_names();
-            if let Some(bad) = models.iter().find(|m| !all.contains(m)) {
-                eprintln!(
-                    "unknown built-in model '{bad}'; the built-in models are {}",
-                    all.join(", ")
-                );
+            if let Some(dir) = model_repository.as_deref().filter(|d| !d.is_dir()) {
+                eprintln!("--model-repository {}: not a directory", dir.display());
+                return ExitCode::FAILURE;
+            }
+            if let Err(e) =
+                tensorgate::models::check_model_names(&models, model_repository.as_deref())
+            {
+                eprintln!("--models: {e}");
                 return ExitCode::FAILURE;
             }
             let mut c = Config::worker(listen, &models);
             c.server.worker_threads = worker_threads;
             c.set_sequence_idle_timeout(std::time::Duration::from_millis(sequence_idle_timeout_ms));
             if let Some(dir) = &model_repository {
-                if !dir.is_dir() {
-                    eprintln!("--model-repository {}: not a directory", dir.display());
-                    return ExitCode::FAILURE;
-                }
                 c.set_model_repository(dir)
                     .expect("a worker's config has the built-in backend");
             }

@@ -219,7 +219,7 @@ fn worker_refuses_unknown_models() {
     let all = tensorgate::models::builtin_names().join(", ");
     assert_eq!(
         err.trim(),
-        format!("unknown built-in model 'nope'; the built-in models are {all}")
+        format!("--models: unknown built-in model 'nope' (the built-in models are {all})")
     );
 }
 

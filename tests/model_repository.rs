@@ -701,6 +701,79 @@ async fn serve_runs_repository_models_in_process() {
     );
 }
 
+/// A built-in backend's `models` may name repository models: a list that names no built-in
+/// model serves none (the demo models, `accumulate` with its state among them, stay off a
+/// production gateway), and a name that is neither is refused by check-config and serve alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_may_name_repository_models_and_turn_the_built_in_ones_off() {
+    let repo = repository("onnx-only");
+    let config_with = |models: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\n\n\
+             [[backends]]\nname = \"local\"\nurl = \"builtin\"\nmodel_repository = {:?}\nmodels = {models}\n",
+            repo.0.display().to_string()
+        )
+    };
+    let gw = tensorgate::run::start(parse_config(&config_with(r#"["mlp", "intbool"]"#)), false)
+        .await
+        .unwrap();
+    let client = http_client();
+    let (status, _) = get_json(&client, &format!("{}/v2/models/mlp", base(&gw))).await;
+    assert_eq!(status, 200);
+    let (status, reply) = get_json(&client, &format!("{}/v2/models/simple", base(&gw))).await;
+    assert_eq!(
+        (status, reply),
+        (404, json!({"error": "unknown model 'simple'"}))
+    );
+    let (status, reply) = get_json(&client, &format!("{}/v2/models/cnn", base(&gw))).await;
+    assert_eq!(
+        (status, reply),
+        (404, json!({"error": "unknown model 'cnn'"}))
+    );
+    gw.shutdown().await;
+
+    let dir = TempDir::new("onnx-only-config");
+    let file = dir.0.join("gateway.toml");
+    std::fs::write(&file, config_with(r#"["mlp", "nope"]"#)).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tensorgate"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refusal = format!(
+        "model 'nope' is neither a built-in model nor a model directory of {} (the built-in models are {})",
+        repo.0.display(),
+        tensorgate::models::builtin_names().join(", ")
+    );
+    let o = run(&["check-config", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        format!("{}:10: backend 'local': {refusal}", file.display())
+    );
+    let o = run(&[
+        "worker",
+        "--models",
+        "mlp,nope",
+        "--model-repository",
+        repo.0.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        format!("--models: {refusal}")
+    );
+    let err = tensorgate::run::start(parse_config(&config_with(r#"["nope"]"#)), false)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.contains("model 'nope' is neither a built-in model"),
+        "{err}"
+    );
+}
+
 /// An error only running can find (tract panics on a Gather index out of range): a 500 for
 /// that request, and the worker goes on serving it and others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,21 +31,48 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// must be ...`, `fleet.pins.url: ...`); for a key the file leaves out (a required one, or a
 /// default that another value conflicts with), the line of the table it belongs in, if any.
 fn line_of_key(doc: &toml_edit::ImDocument<&str>, message: &str) -> Option<usize> {
-    let path = message.split([' ', ':']).next()?;
+    line_of_path(doc, message.split([' ', ':']).next()?)
+}
+
+/// The line of a dotted key path, deepest first; a number after an array of tables picks
+/// one of its tables (`backends.1.models`).
+fn line_of_path(doc: &toml_edit::ImDocument<&str>, path: &str) -> Option<usize> {
     let text = doc.raw();
     let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut array: Option<&toml_edit::ArrayOfTables> = None;
     let mut line = None;
     for segment in path.split('.') {
+        if let Some(tables) = array.take() {
+            let Some(t) = segment.parse::<usize>().ok().and_then(|i| tables.get(i)) else {
+                break;
+            };
+            line = t.span().map(|s| line_of(text, s.start)).or(line);
+            table = t;
+            continue;
+        }
         let Some((key, item)) = table.get_key_value(segment) else {
             break;
         };
         line = key.span().map(|s| line_of(text, s.start)).or(line);
+        if let Some(tables) = item.as_array_of_tables() {
+            array = Some(tables);
+            continue;
+        }
         match item.as_table_like() {
             Some(t) => table = t,
             None => break,
         }
     }
     line
+}
+
+/// An error at the key `path` (which may index arrays of tables, `backends.1.models`),
+/// with its line in `text`.
+pub fn error_at_path(text: &str, path: &str, message: String) -> ConfigError {
+    let line = toml_edit::ImDocument::parse(text)
+        .ok()
+        .and_then(|doc| line_of_path(&doc, path));
+    ConfigError { line, message }
 }
 
 /// An error about the value of the key its message starts with (`server.tls: ...`), with

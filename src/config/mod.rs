@@ -14,7 +14,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use check::{error_at_key, parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS};
+pub use check::{
+    error_at_key, error_at_path, parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS,
+};
 pub use restart::keep_restart_only;
 
 /// The default config, embedded so that `tensorgate serve` runs with no files around it.

@@ -199,10 +199,15 @@ impl BackendHandle {
 }
 
 /// The models of a backend the gateway uses (empty: all). A built-in backend with a model
-/// repository applies `models` itself, to the built-in models only: the repository's are all
-/// served.
+/// repository builds only the built-in models its list names (`models::selected_builtin`),
+/// and serves every repository model unless the list names some of them too: then the list
+/// filters both, so that a list of repository models alone serves those and nothing else.
 fn only_models(url: &str, b: &BackendConfig) -> Vec<String> {
-    if url == "builtin" && b.model_repository.is_some() {
+    let builtin = crate::models::builtin_names();
+    if url == "builtin"
+        && b.model_repository.is_some()
+        && b.models.iter().all(|n| builtin.contains(n))
+    {
         Vec::new()
     } else {
         b.models.clone()
@@ -338,7 +343,12 @@ impl Fleet {
         b: &BackendConfig,
     ) -> Result<Arc<BackendHandle>, String> {
         let backend: Arc<dyn Backend> = if url == "builtin" {
-            let models = builtin_models(&b.models, &self.builtin)?;
+            crate::models::check_model_names(&b.models, b.model_repository.as_deref())?;
+            // A list that names repository models only builds no built-in model.
+            let models = match crate::models::selected_builtin(&b.models) {
+                Some(only) => builtin_models(&only, &self.builtin)?,
+                None => Default::default(),
+            };
             match &b.model_repository {
                 Some(dir) => Arc::new(builtin::BuiltinBackend::with_repository(
                     models,

@@ -133,6 +133,47 @@ pub fn builtin_names() -> Vec<String> {
     v
 }
 
+/// Checks a built-in backend's `models` list: each name is a built-in model, or, with a
+/// model repository, a model directory in it. `serve`, `worker` and `check-config` refuse
+/// alike what it refuses.
+pub fn check_model_names(
+    names: &[String],
+    repository: Option<&std::path::Path>,
+) -> Result<(), String> {
+    let builtin = builtin_names();
+    let Some(bad) = names.iter().find(|n| {
+        !builtin.contains(n) && !repository.is_some_and(|dir| !n.is_empty() && dir.join(n).is_dir())
+    }) else {
+        return Ok(());
+    };
+    Err(match repository {
+        None => format!(
+            "unknown built-in model '{bad}' (the built-in models are {})",
+            builtin.join(", ")
+        ),
+        Some(dir) => format!(
+            "model '{bad}' is neither a built-in model nor a model directory of {} (the built-in models are {})",
+            dir.display(),
+            builtin.join(", ")
+        ),
+    })
+}
+
+/// The built-in models a built-in backend whose config lists `models` builds: all of them
+/// for an empty list, else those the list names (none when it names repository models only).
+pub fn selected_builtin(models: &[String]) -> Option<Vec<String>> {
+    if models.is_empty() {
+        return Some(Vec::new());
+    }
+    let builtin = builtin_names();
+    let named: Vec<String> = models
+        .iter()
+        .filter(|n| builtin.contains(n))
+        .cloned()
+        .collect();
+    (!named.is_empty()).then_some(named)
+}
+
 /// Builds the named built-in models (all of them when `only` is empty).
 pub fn builtin_models(
     only: &[String],
