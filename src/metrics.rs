@@ -47,6 +47,7 @@ pub struct Metrics {
     pub classifications: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub tls_reloads: IntCounterVec,
+    pub tls_handshake_failures: IntCounterVec,
     pub backend_tolerated: IntCounterVec,
     pub pin_store_operations: IntCounterVec,
     pub pin_store_errors: IntCounterVec,
@@ -271,6 +272,12 @@ impl Metrics {
                 "Reloads of the listeners' certificate and key (on SIGHUP or a change of their files), by result: a failure keeps the old ones",
                 &["result"],
             ),
+            tls_handshake_failures: counter(
+                &r,
+                "tensorgate_tls_handshake_failures_total",
+                "TLS handshakes the listeners did not complete, by reason: error (a client that does not trust the certificate, sent none where one is required, or no TLS at all) or timeout (none within limits.header_read_timeout_ms); the reason of each is logged at debug",
+                &["reason"],
+            ),
             backend_tolerated: counter(
                 &r,
                 "tensorgate_backend_tolerated_total",
@@ -306,10 +313,13 @@ impl Metrics {
         m
     }
 
-    /// `tensorgate_tls_reloads_total` at 0 for both results, once the listeners have TLS.
-    pub fn expect_tls_reloads(&self) {
+    /// The TLS series at 0, once the listeners have TLS.
+    pub fn expect_tls(&self) {
         for result in ["success", "failure"] {
             self.tls_reloads.with_label_values(&[result]);
+        }
+        for reason in ["error", "timeout"] {
+            self.tls_handshake_failures.with_label_values(&[reason]);
         }
     }
 
@@ -398,7 +408,7 @@ mod tests {
         assert!(text.contains("tensorgate_config_reloads_total{result=\"failure\"} 0\n"));
         assert!(text.contains("tensorgate_config_reloads_total{result=\"success\"} 0\n"));
         assert!(!text.contains("tensorgate_tls_reloads_total"), "{text}");
-        m.expect_tls_reloads();
+        m.expect_tls();
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains("tensorgate_tls_reloads_total{result=\"failure\"} 0\n"));
     }

@@ -114,7 +114,7 @@ pub async fn start_with_resolver(
     let client = new_client(
         Duration::from_millis(config.fleet.connect_timeout_ms),
         Duration::from_millis(config.fleet.pool_idle_timeout_ms),
-        crate::tls::client_config(&config.fleet.tls)?,
+        crate::tls::client_config(&config.fleet.tls).map_err(|e| format!("fleet.tls: {e}"))?,
     );
     let metrics = Arc::new(Metrics::new(config.server.triton_metrics));
     let fleet = Arc::new(Fleet::new(
@@ -148,8 +148,12 @@ pub async fn start_with_resolver(
     };
     let tls = match &config.server.tls {
         Some(t) => {
-            metrics.expect_tls_reloads();
-            Some(Arc::new(ReloadableTls::new(t.clone())?))
+            metrics.expect_tls();
+            Some(Arc::new(
+                ReloadableTls::new(t.clone())
+                    .map_err(|e| format!("server.tls: {e}"))?
+                    .counting_failures(metrics.tls_handshake_failures.clone()),
+            ))
         }
         None => None,
     };

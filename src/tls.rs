@@ -46,23 +46,27 @@ fn roots(path: &Path) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// Builds the listener's TLS config from its files.
+/// Builds the listener's TLS config from its files. An error names the key of the file at
+/// fault (`cert`, `key`, `client_ca`).
 pub fn server_config(tls: &ServerTls) -> Result<ServerConfig, String> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(VERSIONS)
         .map_err(|e| e.to_string())?;
     let builder = match &tls.client_ca {
         Some(ca) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                    .build()
-                    .map_err(|e| format!("client CA {}: {e}", ca.display()))?;
+            let roots = roots(ca).map_err(|e| format!("client_ca: {e}"))?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| format!("client_ca: {}: {e}", ca.display()))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
-        .with_single_cert(certs(&tls.cert)?, key(&tls.key)?)
+        .with_single_cert(
+            certs(&tls.cert).map_err(|e| format!("cert: {e}"))?,
+            key(&tls.key).map_err(|e| format!("key: {e}"))?,
+        )
         .map_err(|e| {
             format!(
                 "certificate {} and key {} do not form a valid pair: {e}",
@@ -81,6 +85,9 @@ pub struct ReloadableTls {
     /// The files' contents as last tried, loaded or not: a pair that failed is not tried
     /// again (and logged again) every poll, only once the files change once more.
     fingerprint: std::sync::Mutex<u64>,
+    /// `tensorgate_tls_handshake_failures_total`: a failed handshake is otherwise seen only
+    /// at debug, and an mTLS rollout that locks clients out would go unnoticed.
+    failures: Option<prometheus::IntCounterVec>,
 }
 
 impl ReloadableTls {
@@ -91,7 +98,22 @@ impl ReloadableTls {
             files,
             current: ArcSwap::from_pointee(config),
             fingerprint: std::sync::Mutex::new(fingerprint),
+            failures: None,
         })
+    }
+
+    /// Counts failed handshakes in `failures` (label `reason`).
+    pub fn counting_failures(mut self, failures: prometheus::IntCounterVec) -> Self {
+        self.failures = Some(failures);
+        self
+    }
+
+    /// A handshake failed (`timed_out`: none completed in time).
+    pub fn handshake_failed(&self, timed_out: bool) {
+        if let Some(f) = &self.failures {
+            f.with_label_values(&[if timed_out { "timeout" } else { "error" }])
+                .inc();
+        }
     }
 
     /// The config new connections are accepted with.
@@ -142,7 +164,7 @@ fn fingerprint(files: &ServerTls) -> u64 {
 /// The client config for https:// backends.
 pub fn client_config(tls: &BackendTls) -> Result<ClientConfig, String> {
     let roots = match &tls.ca {
-        Some(ca) => roots(ca)?,
+        Some(ca) => roots(ca).map_err(|e| format!("ca: {e}"))?,
         None => RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         },
@@ -154,7 +176,10 @@ pub fn client_config(tls: &BackendTls) -> Result<ClientConfig, String> {
     // hyper-rustls sets ALPN itself from the HTTP versions enabled on the connector.
     let config = match (&tls.cert, &tls.key) {
         (Some(c), Some(k)) => builder
-            .with_client_auth_cert(certs(c)?, key(k)?)
+            .with_client_auth_cert(
+                certs(c).map_err(|e| format!("cert: {e}"))?,
+                key(k).map_err(|e| format!("key: {e}"))?,
+            )
             .map_err(|e| format!("client certificate {}: {e}", c.display()))?,
         (None, None) => builder.with_no_client_auth(),
         _ => return Err("fleet.tls needs both cert and key for a client certificate".into()),

@@ -147,6 +147,10 @@ async fn mtls_requires_a_client_certificate() {
         get(&rogue, &url).await.is_err(),
         "a certificate from another CA must be refused"
     );
+    // Both refusals are counted: an mTLS rollout that locks clients out shows in metrics.
+    let failures = &gw.gateway.metrics.tls_handshake_failures;
+    assert_eq!(failures.with_label_values(&["error"]).get(), 2);
+    assert_eq!(failures.with_label_values(&["timeout"]).get(), 0);
     let client = https_client(
         client_tls(&pki.ca(), Some((&ccert, &ckey)), &[b"http/1.1"]),
         false,
@@ -240,7 +244,7 @@ async fn certificates_reload_without_a_restart() {
     // A broken file keeps the old certificate, and is tried once, not on every poll.
     std::fs::write(&key, "not a key").unwrap();
     let e = tls.reload_if_changed().unwrap().unwrap_err();
-    assert!(e.starts_with("cannot read a private key from"), "{e}");
+    assert!(e.starts_with("key: cannot read a private key from"), "{e}");
     assert_eq!(get(&trusts_second, &url).await.unwrap().0, 200);
     assert!(
         tls.reload_if_changed().is_none(),
@@ -449,7 +453,7 @@ fn check_config_refuses_tls_files_serve_would_refuse() {
     assert_eq!(
         check(Some(&other_key)),
         format!(
-            "{}:4: server.tls: {} holds no certificate",
+            "{}:4: server.tls: client_ca: {} holds no certificate",
             config.display(),
             other_key.display()
         )

@@ -218,9 +218,10 @@ where
         tokio::spawn(async move {
             // One deadline for the handshake and the first bytes of a request.
             let deadline = Instant::now() + this.header_read_timeout;
-            let result = match this.tls.as_ref().map(|t| t.acceptor()) {
+            let result = match this.tls.clone() {
                 None => this.serve(stream, peer, deadline, watch).await,
-                Some(acceptor) => {
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
                     let grace = this.silent_grace;
                     let handshake = tokio::select! {
                         r = timeout_at(deadline, acceptor.accept(stream)) => r,
@@ -231,8 +232,14 @@ where
                     };
                     match handshake {
                         Ok(Ok(stream)) => this.serve(stream, peer, deadline, watch).await,
-                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
-                        Err(_) => Err("TLS handshake timed out".to_string()),
+                        Ok(Err(e)) => {
+                            tls.handshake_failed(false);
+                            Err(format!("TLS handshake failed: {e}"))
+                        }
+                        Err(_) => {
+                            tls.handshake_failed(true);
+                            Err("TLS handshake timed out".to_string())
+                        }
                     }
                 }
             };
