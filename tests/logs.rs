@@ -179,6 +179,8 @@ async fn json_access_logs() {
     let unload = line_of("/v2/repository/models/nope/unload");
     assert_eq!(unload["status"], 400);
     assert_eq!(unload["error"], refusals.unload.as_str());
+    // A path that names a model names it in its line, inference or not.
+    assert_eq!(unload["model"], "nope");
     let grpc: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|v| v["target"] == "tensorgate::access" && v["fields"]["protocol"] == "grpc")

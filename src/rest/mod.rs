@@ -149,6 +149,8 @@ where
     // counts against the model its path names.
     if is_infer && obs.model.is_none() {
         model_of_path(&gw, &method, &path, &mut obs);
+    } else if obs.model.is_none() {
+        obs.model = model_named_by(&method, &path);
     }
     obs.request_id = request_id.clone();
     obs.peer = peer;
@@ -242,6 +244,20 @@ fn went_away(
         elapsed,
         Some(cut_off.message()),
     );
+}
+
+/// The model a path other than inference names (metadata, readiness, configuration,
+/// repository control, statistics), for its access line, which then says what it was about
+/// as an inference's does. The name alone: such requests count in no model's series.
+fn model_named_by(method: &http::Method, path: &str) -> Option<String> {
+    match routes::route(method, path).ok()? {
+        Route::ModelMetadata { model, .. }
+        | Route::ModelReady { model, .. }
+        | Route::ModelConfig { model, .. }
+        | Route::RepositoryControl { model, .. } => Some(model),
+        Route::Stats { model, .. } => model,
+        _ => None,
+    }
 }
 
 /// The model (and version) an inference's path names, for one the handler did not observe
