@@ -514,27 +514,56 @@ pub fn access_log(
     elapsed: Duration,
     error: Option<&str>,
 ) {
-    tracing::info!(
-        target: "tensorgate::access",
-        method,
-        path,
-        protocol = obs.protocol.label(),
-        model = obs.model.as_deref().unwrap_or("-"),
-        status,
-        backend = obs.backend.as_deref().unwrap_or("-"),
-        bytes_in = obs.bytes_in,
-        bytes_out,
-        duration_us = elapsed.as_micros() as u64,
-        peer = %PeerOrDash(obs.peer),
-        sequence_id = obs.sequence.as_deref().unwrap_or("-"),
-        traceparent = obs.traceparent.as_deref().unwrap_or("-"),
-        request_id = obs
-            .request_id
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-"),
-        error = error.unwrap_or("-"),
-    );
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                target: "tensorgate::access",
+                method,
+                path,
+                protocol = obs.protocol.label(),
+                model = obs.model.as_deref().unwrap_or("-"),
+                status,
+                backend = obs.backend.as_deref().unwrap_or("-"),
+                bytes_in = obs.bytes_in,
+                bytes_out,
+                duration_us = elapsed.as_micros() as u64,
+                peer = %PeerOrDash(obs.peer),
+                sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+                traceparent = obs.traceparent.as_deref().unwrap_or("-"),
+                request_id = obs
+                    .request_id
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-"),
+                error = error.unwrap_or("-"),
+            )
+        };
+    }
+    if is_probe(method, path, status) {
+        line!(debug);
+    } else {
+        line!(info);
+    }
+}
+
+/// A successful probe: health, server and model metadata, readiness, configuration,
+/// statistics and the repository index, which load balancers, Kubernetes and the gateways
+/// in front poll. Their lines go at debug: every discovery round of every gateway asks
+/// each model's metadata and readiness, and a worker behind a few gateways would log
+/// dozens of such lines a second at info, drowning its inferences and errors.
+fn is_probe(method: &str, path: &str, status: u32) -> bool {
+    if !(200..300).contains(&status) {
+        return false;
+    }
+    match method {
+        "GET" | "HEAD" => {
+            path == "/v2"
+                || path.starts_with("/v2/health/")
+                || (path.starts_with("/v2/models/") && !path.ends_with("/infer"))
+        }
+        "POST" => path == "/v2/repository/index",
+        _ => false,
+    }
 }
 
 /// The address of the client a request came from: the server puts it in each request's
@@ -600,6 +629,31 @@ fn valid_traceparent(v: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Successful polls of health, metadata, readiness and the index log at debug; every
+    /// inference, every failure and everything that changes state at info.
+    #[test]
+    fn successful_probes_are_told_apart() {
+        for (method, path) in [
+            ("GET", "/v2"),
+            ("GET", "/v2/health/ready"),
+            ("GET", "/v2/models/simple"),
+            ("GET", "/v2/models/simple/versions/1/ready"),
+            ("GET", "/v2/models/stats"),
+            ("POST", "/v2/repository/index"),
+        ] {
+            assert!(is_probe(method, path, 200), "{method} {path}");
+            assert!(!is_probe(method, path, 503), "{method} {path} failing");
+        }
+        for (method, path) in [
+            ("POST", "/v2/models/simple/infer"),
+            ("POST", "/v2/repository/models/simple/load"),
+            ("gRPC", "/inference.GRPCInferenceService/ModelInfer"),
+            ("GET", "/metrics"),
+        ] {
+            assert!(!is_probe(method, path, 200), "{method} {path}");
+        }
+    }
 
     /// The wait moves from the backend call to the queue, and never more than the call took:
     /// the phases stay disjoint parts of the request.
