@@ -429,7 +429,10 @@ async fn the_timeout_parameter_bounds_a_forwarded_request() {
     )
     .await;
     assert_eq!(r.status, 504, "{r:?}");
-    assert_eq!(r.error(), Some("the request to model 'simple' timed out"));
+    assert_eq!(
+        r.error(),
+        Some("the request to model 'simple' timed out (the request's timeout parameter)")
+    );
 
     // Ten seconds is plenty.
     let r = post_infer(
@@ -462,7 +465,10 @@ async fn the_timeout_parameter_bounds_a_forwarded_request() {
     let body = simple_body(1, Some(json!({ "timeout": 1 })));
     let r = post_infer(&client, &base(&local), "simple", &body).await;
     assert_eq!(r.status, 504, "{r:?}");
-    assert_eq!(r.error(), Some("the request to model 'simple' timed out"));
+    assert_eq!(
+        r.error(),
+        Some("the request to model 'simple' timed out (the request's timeout parameter)")
+    );
 
     drop(client);
     gw.shutdown().await;

@@ -152,7 +152,10 @@ async fn the_retry_of_stateless_requests_can_be_turned_off_per_model() {
     gw.shutdown().await;
 }
 
-const TIMED_OUT: &str = "the request to model 'm' timed out on backend 'slow'";
+const TIMED_OUT_PARAMETER: &str =
+    "the request to model 'm' timed out on backend 'slow' (the request's timeout parameter)";
+const TIMED_OUT_MODEL: &str =
+    "the request to model 'm' timed out on backend 'slow' (models.m.timeout_ms)";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeout_parameter_cuts_a_slow_backend_short() {
@@ -164,7 +167,7 @@ async fn the_timeout_parameter_cuts_a_slow_backend_short() {
     let body = m_body(Some(json!({ "timeout": 200_000 })));
     let r = post_infer(&client, &base(&gw), "m", &body).await;
     assert_eq!(r.status, 504, "{r:?}");
-    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(r.error(), Some(TIMED_OUT_PARAMETER));
     assert_eq!(r.backend.as_deref(), Some("slow"));
     assert_eq!(slow.infers(), 1, "the request was sent, once");
 
@@ -182,14 +185,14 @@ async fn a_model_timeout_from_the_config_cuts_a_slow_backend_short() {
 
     let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
     assert_eq!(r.status, 504, "{r:?}");
-    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(r.error(), Some(TIMED_OUT_MODEL));
     assert_eq!(r.backend.as_deref(), Some("slow"));
 
     // The `timeout` parameter can shorten the model's deadline, never lengthen it.
     let body = m_body(Some(json!({ "timeout": 10_000_000 })));
     let r = post_infer(&client, &base(&gw), "m", &body).await;
     assert_eq!(r.status, 504, "{r:?}");
-    assert_eq!(r.error(), Some(TIMED_OUT));
+    assert_eq!(r.error(), Some(TIMED_OUT_MODEL));
     assert_eq!(slow.infers(), 2);
     gw.shutdown().await;
 }
@@ -272,13 +275,13 @@ async fn a_backend_that_overruns_the_configured_timeout_is_ejected() {
     for _ in 0..3 {
         let body = m_body(Some(json!({ "timeout": 100_000 })));
         let r = post_infer(&client, &base(&gw), "m", &body).await;
-        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT)));
+        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT_PARAMETER)));
     }
     let metrics = scrape(&gw).await;
     assert!(!metrics.contains(ejected), "{metrics}");
     for _ in 0..2 {
         let r = post_infer(&client, &base(&gw), "m", &m_body(None)).await;
-        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT)));
+        assert_eq!((r.status, r.error()), (504, Some(TIMED_OUT_MODEL)));
     }
     let metrics = scrape(&gw).await;
     assert!(metrics.contains(ejected), "{metrics}");

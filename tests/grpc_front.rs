@@ -731,7 +731,7 @@ async fn grpc_timeout_is_a_deadline() {
     assert_status(
         c.model_infer(req).await,
         Code::DeadlineExceeded,
-        "the request to model 'm' timed out on backend 'slow'",
+        "the request to model 'm' timed out on backend 'slow' (the gRPC deadline)",
     );
     assert_eq!(slow.infers(), 1);
     gw.shutdown().await;
@@ -1148,7 +1148,7 @@ async fn grpc_timeout_counts_from_the_arrival_of_the_call() {
         (status.code(), status.message()),
         (
             Code::DeadlineExceeded,
-            "the request to model 'm' timed out on backend 'slow'"
+            "the request to model 'm' timed out on backend 'slow' (the gRPC deadline)"
         )
     );
     late.await.unwrap();

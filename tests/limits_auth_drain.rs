@@ -378,7 +378,7 @@ async fn a_hung_backend_hits_the_request_timeout() {
     assert_eq!(r.status(), 504);
     assert_eq!(
         r.text().await.unwrap(),
-        r#"{"error":"the request to model 'm' timed out on backend 'backend-0'"}"#
+        r#"{"error":"the request to model 'm' timed out on backend 'backend-0' (limits.request_timeout_ms)"}"#
     );
     gw.shutdown().await;
 }

@@ -1021,7 +1021,7 @@ def sleep_input(ms: int):
 def test_timeout_parameter_is_deadline_exceeded(slow, slow_gateway):
     """tritonclient's `timeout` (microseconds, the v2 `timeout` parameter): the gateway's
     own deadline, the same answer as REST's 504."""
-    message = "the request to model 'sleep' timed out on backend 'backend-0'"
+    message = "the request to model 'sleep' timed out on backend 'backend-0' (the request's timeout parameter)"
     start = time.monotonic()
     grpc_error(lambda: slow.infer("sleep", sleep_input(3000), timeout=200_000), "DEADLINE_EXCEEDED", message)
     assert time.monotonic() - start < 2.5

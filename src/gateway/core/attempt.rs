@@ -56,9 +56,9 @@ pub(super) struct Attempt<'a> {
     pub req: &'a InferRequest,
     pub original: Option<Original<'a>>,
     pub deadline: Instant,
-    /// The configured timeout set `deadline`: a backend that overruns it has failed, and
+    /// What set `deadline`: a backend that overruns a configured one has failed, and
     /// passive health counts it (a hanging backend is ejected like a refusing one).
-    pub own_deadline: bool,
+    pub deadline_set_by: super::DeadlineSource,
     pub response_limit: usize,
     /// `[models.NAME] retry_idempotent`: a stateless request whose connection closed before
     /// any answer may go to another backend.
@@ -387,8 +387,9 @@ impl Attempt<'_> {
         // millisecond and polls the request first, so a fast backend would beat it.
         if Instant::now() >= self.deadline {
             return Err(GatewayError::Timeout(format!(
-                "the request to model '{}' timed out",
-                self.model
+                "the request to model '{}' timed out ({})",
+                self.model,
+                self.deadline_set_by.describe(self.model)
             ))
             .into());
         }
@@ -573,12 +574,14 @@ impl Attempt<'_> {
 
     /// The deadline passed while `backend` had the request.
     fn timed_out(&self, backend: &BackendHandle) -> GatewayError {
-        if self.own_deadline {
+        if self.deadline_set_by.is_configured() {
             self.record_failure(backend);
         }
         GatewayError::Timeout(format!(
-            "the request to model '{}' timed out on backend '{}'",
-            self.model, backend.name
+            "the request to model '{}' timed out on backend '{}' ({})",
+            self.model,
+            backend.name,
+            self.deadline_set_by.describe(self.model)
         ))
     }
 

@@ -122,7 +122,7 @@ pub async fn infer(
     validating.end(&mut obs.compute_input);
     let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
     let limits = config.limits.protocol();
-    let (deadline, own_deadline) = deadline(config, ctx.model, req, ctx.transport_deadline);
+    let (deadline, deadline_set_by) = deadline(config, ctx.model, req, ctx.transport_deadline);
     let attempt = attempt::Attempt {
         gw,
         limits: &limits,
@@ -132,7 +132,7 @@ pub async fn infer(
         req,
         original: ctx.original,
         deadline,
-        own_deadline,
+        deadline_set_by,
         response_limit: config.limits.max_body_bytes.saturating_mul(4),
         retry_idempotent: config
             .model(ctx.model)
@@ -145,31 +145,63 @@ pub async fn infer(
     attempt.run(entry, obs).await
 }
 
+/// What set a request's deadline: its 504 says which, and only a backend that overran the
+/// operator's own limit has failed (one that missed a client's shorter wish may just be a
+/// slow model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DeadlineSource {
+    /// `[models.NAME] timeout_ms`.
+    Model,
+    /// `limits.request_timeout_ms`.
+    Default,
+    /// The v2 `timeout` parameter.
+    Parameter,
+    /// The transport's own (gRPC's `grpc-timeout`).
+    Transport,
+}
+
+impl DeadlineSource {
+    pub(super) fn is_configured(self) -> bool {
+        matches!(self, DeadlineSource::Model | DeadlineSource::Default)
+    }
+
+    /// How a 504 names it.
+    pub(super) fn describe(self, model: &str) -> String {
+        match self {
+            DeadlineSource::Model => format!("models.{model}.timeout_ms"),
+            DeadlineSource::Default => "limits.request_timeout_ms".into(),
+            DeadlineSource::Parameter => "the request's timeout parameter".into(),
+            DeadlineSource::Transport => "the gRPC deadline".into(),
+        }
+    }
+}
+
 /// The request's deadline: the model's timeout or the default, shortened by the v2 `timeout`
-/// parameter (microseconds; 0 means none, as in Triton) and by the transport's own. The flag
-/// says whether the configured timeout set it: only a backend that overran the operator's
-/// own limit has failed; one that missed a client's shorter wish may just be a model.
+/// parameter (microseconds; 0 means none, as in Triton) and by the transport's own.
 fn deadline(
     config: &Config,
     model: &str,
     req: &InferRequest,
     transport: Option<Instant>,
-) -> (Instant, bool) {
-    let configured = config
-        .model(model)
-        .and_then(|m| m.timeout_ms)
-        .map(Duration::from_millis)
-        .unwrap_or_else(|| config.limits.request_timeout());
+) -> (Instant, DeadlineSource) {
+    let (configured, source) = match config.model(model).and_then(|m| m.timeout_ms) {
+        Some(ms) => (Duration::from_millis(ms), DeadlineSource::Model),
+        None => (config.limits.request_timeout(), DeadlineSource::Default),
+    };
     let wanted = req
         .options
         .timeout_us
         .filter(|us| *us > 0)
         .map(Duration::from_micros);
     let now = Instant::now();
-    let own = now + configured;
-    let shortened = wanted.map_or(own, |w| own.min(now + w));
-    let shortened = transport.map_or(shortened, |t| t.min(shortened));
-    (shortened, shortened == own)
+    let mut at = (now + configured, source);
+    if let Some(w) = wanted.filter(|w| now + *w < at.0) {
+        at = (now + w, DeadlineSource::Parameter);
+    }
+    if let Some(t) = transport.filter(|t| *t < at.0) {
+        at = (t, DeadlineSource::Transport);
+    }
+    at
 }
 
 /// Inferences in a request: the first input's first dimension when the model's shape starts
