@@ -1,6 +1,8 @@
-//! The one error type of the serving side, and the one place that maps it to each
-//! transport: an HTTP status with a `{"error": "..."}` body, and a gRPC status code with
-//! the same message, side by side.
+//! The one error type of the serving side, and where it maps to each transport: an HTTP
+//! status and a gRPC status code with the same message, side by side (the REST body and its
+//! extra headers are written by `body::error_response`). A few gRPC statuses are made at the
+//! gRPC edge without a `GatewayError` behind them (framing errors tonic reports, a stream
+//! closed by the shutdown); docs/ARCHITECTURE.md lists them.
 
 use http::StatusCode;
 

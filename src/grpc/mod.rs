@@ -2,7 +2,8 @@
 //! `grpc.health.v1.Health`, on the same port. Each RPC decodes its message with the
 //! protobuf codec (`protocol::grpc`), asks the gateway (`gateway::core` for inference,
 //! `gateway::queries` for the rest), and encodes the answer; errors are `GatewayError`s,
-//! mapped to gRPC codes in `crate::error`. The service runs on the same hyper server as
+//! mapped to gRPC codes in `crate::error`, but for the few statuses tonic's framing and the
+//! shutdown make here (`routes`, `infer`). The service runs on the same hyper server as
 //! REST (`server::serve`): TLS, certificate reload, limits and drain are shared.
 
 mod body;

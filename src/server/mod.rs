@@ -1,5 +1,6 @@
-//! The listeners: the v2 REST server (a tower stack around the gateway) and the metrics
-//! server, with HTTP/1.1 and h2 and graceful shutdown.
+//! The listeners: `serve` runs any tower service (the v2 REST stack, the gRPC service, the
+//! metrics endpoint) over plain TCP or TLS, with HTTP/1.1 and h2, limits and graceful
+//! shutdown; the REST stack's outer layers (`with_layers`) are built here too.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,10 +4,12 @@
 //! 1. **lookup** (`lookup`): the model in the fleet's catalog, and the version the path names;
 //! 2. **validate**: the request against the model's metadata;
 //! 3. **route**: a backend from the router: the sequence's pin or owner, else balanced;
-//! 4. **plan** (`plan`): which classifications the gateway applies, and what the backend is
-//!    sent (its best encoding, or the client's own bytes when it handles everything asked);
-//! 5. **attempt and retry** (`attempt`): the call, with what may be retried elsewhere decided
-//!    by the backend error (`BackendError::retry`);
+//! 4. **plan** (`plan`): which classifications the gateway applies for each backend, and the
+//!    request adapted to what that backend handles;
+//! 5. **attempt and retry** (`attempt`): what the backend is sent (the decoded request in
+//!    process, the client's own bytes when the backend handles everything asked, else its
+//!    best encoding), the call, and what may be retried elsewhere, decided by the backend
+//!    error (`BackendError::retry`);
 //! 6. **shape** (`shape`): exactly the requested outputs, in the requested order, classified,
 //!    with the client's id.
 //!
