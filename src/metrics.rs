@@ -385,6 +385,13 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    pub const ALL: [FailureReason; 4] = [
+        FailureReason::Rejected,
+        FailureReason::Canceled,
+        FailureReason::Backend,
+        FailureReason::Other,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FailureReason::Rejected => "REJECTED",

@@ -54,6 +54,37 @@ async fn infer_simple(client: &reqwest::Client, addr: std::net::SocketAddr) -> r
         .unwrap()
 }
 
+/// Every model the gateway serves has its series at 0 before its first request, as Triton
+/// exports every loaded model: an alert on `increase()` then sees the first failure, and a
+/// dashboard lists a model that has served nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_models_have_their_series_at_zero_before_any_request() {
+    let gw = tensorgate::run::start(loopback_config(true), true)
+        .await
+        .unwrap();
+    let m = parse(&metrics_text(&gw).await);
+    for (name, want) in [
+        (
+            r#"nv_inference_request_success{model="simple",version="1"}"#,
+            0.0,
+        ),
+        (r#"nv_inference_count{model="accumulate",version="1"}"#, 0.0),
+        (
+            r#"nv_inference_request_duration_us{model="classifier",version="1"}"#,
+            0.0,
+        ),
+    ] {
+        assert_eq!(m.get(name), Some(&want), "{name}");
+    }
+    for reason in ["REJECTED", "CANCELED", "BACKEND", "OTHER"] {
+        let name = format!(
+            r#"nv_inference_request_failure{{model="simple",reason="{reason}",version="1"}}"#
+        );
+        assert_eq!(m.get(&name), Some(&0.0), "{name}");
+    }
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_exactly() {
     let config = loopback_config(true);

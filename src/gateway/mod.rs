@@ -234,6 +234,9 @@ impl Gateway {
         self.metrics
             .sequence_pins
             .set(self.router.pins.len() as i64);
+        for (model, version) in queries::known_versions(self) {
+            self.stats.expose(&self.metrics, &model, &version);
+        }
         // Backends that a reload or DNS removed must vanish from every series, not report
         // their last state forever.
         self.forget_removed_backends();

@@ -244,6 +244,21 @@ impl Stats {
 }
 
 impl Stats {
+    /// Opens a model version's Prometheus series at 0, as Triton exports every loaded model
+    /// before its first request: a series born at 1 makes no `increase()`, and a dashboard
+    /// should list a model that has served nothing yet.
+    pub fn expose(&self, metrics: &Metrics, model: &str, version: &str) {
+        self.with_entry(model, version, |s| {
+            s.series
+                .get_or_init(|| Series::new(metrics, model, version));
+        });
+        for reason in FailureReason::ALL {
+            metrics
+                .nv_failure
+                .with_label_values(&[model, version, reason.as_str()]);
+        }
+    }
+
     /// `{"model_stats": [...]}` for one model (and version) or all.
     pub fn json(
         &self,

@@ -317,9 +317,13 @@ pub fn stats(
     if let Some(m) = model {
         lookup(gw, m, version)?;
     }
-    // Every version a model lists: a request names any of them (`lookup` refuses others).
-    let known: Vec<(String, String)> = gw
-        .fleet
+    Ok(gw.stats.json(model, version, &known_versions(gw)))
+}
+
+/// Every (model, version) of the catalog: a request names any version a model lists
+/// (`lookup` refuses others); a model that lists none has the one version "".
+pub fn known_versions(gw: &Gateway) -> Vec<(String, String)> {
+    gw.fleet
         .catalog()
         .models
         .iter()
@@ -332,6 +336,5 @@ pub fn stats(
             };
             listed.into_iter().map(move |v| (name.clone(), v))
         })
-        .collect();
-    Ok(gw.stats.json(model, version, &known))
+        .collect()
 }
