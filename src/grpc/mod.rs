@@ -14,6 +14,7 @@ mod only_grpc;
 mod routes;
 mod statistics;
 mod unary;
+mod whole_messages;
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -16,6 +16,7 @@ use tonic::server::NamedService;
 use super::body::BoundedBody;
 use super::health::HealthServer;
 use super::service::grpc_inference_service_server::GrpcInferenceServiceServer;
+use super::whole_messages::WholeMessages;
 use super::GrpcFront;
 use crate::body::BoxError;
 use crate::gateway::Gateway;
@@ -144,12 +145,14 @@ where
             Box::pin(async move { Ok(super::unary::model_infer(gw, req, max).await) })
         } else if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
             let (svc, max) = (self.inference.clone(), self.max_message);
+            let req = req.map(|b| WholeMessages::new(b, max));
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
                 Ok(client_errors_as_such(response, max))
             })
         } else if service == <HealthServer as NamedService>::NAME {
             let svc = self.health.clone();
+            let req = req.map(|b| WholeMessages::new(b, HEALTH_MESSAGE_LIMIT));
             Box::pin(async move { svc.oneshot(req).await })
         } else {
             let status = tonic::Status::unimplemented(format!(
