@@ -177,9 +177,15 @@ impl GatewayError {
     }
 
     /// The error body: `{"error": "<message>"}`.
+    /// The REST body, `{"error": "..."}`, its message cut to `MESSAGE_MAX`.
     pub fn body(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({ "error": self.message() }))
+        serde_json::to_vec(&serde_json::json!({ "error": cut_short(self.message(), MESSAGE_MAX) }))
             .expect("a JSON object serializes")
+    }
+
+    /// The message, cut to `MESSAGE_MAX`: what an answer or a log line carries.
+    pub fn short_message(&self) -> std::borrow::Cow<'_, str> {
+        cut_short(self.message(), MESSAGE_MAX)
     }
 }
 
@@ -187,21 +193,26 @@ impl GatewayError {
 /// outside printable ASCII), which still fits 16 KiB with the other trailers.
 pub const GRPC_MESSAGE_MAX: usize = 4096;
 
+/// The longest error message in an answer or a log line, in bytes. Messages quote what the
+/// client sent (a name, a shape), and a client that sends 60 MB of shape must not get 60 MB
+/// back, nor write a 60 MB log line.
+pub const MESSAGE_MAX: usize = 4096;
+
 /// `message` if it fits in `max` bytes, else its head (cut at a character boundary) and a
 /// note of how much was left out.
-fn cut_short(message: &str, max: usize) -> String {
+pub fn cut_short(message: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if message.len() <= max {
-        return message.to_string();
+        return std::borrow::Cow::Borrowed(message);
     }
     let mut end = max;
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    format!(
+    std::borrow::Cow::Owned(format!(
         "{}... ({} more bytes of this message left out)",
         &message[..end],
         message.len() - end
-    )
+    ))
 }
 
 /// The Triton extensions that tensorgate does not offer, the same over REST and gRPC.
@@ -270,6 +281,23 @@ mod tests {
         );
     }
 
+    /// A message quoting a client's 60 MB shape is cut in the REST body too.
+    #[test]
+    fn long_rest_messages_are_cut_short() {
+        let long = format!("shape [{}] is wrong", "1,".repeat(100_000));
+        let e = GatewayError::BadRequest(long.clone());
+        let body: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        let head = &long[..MESSAGE_MAX];
+        assert_eq!(
+            body["error"],
+            format!(
+                "{head}... ({} more bytes of this message left out)",
+                long.len() - MESSAGE_MAX
+            )
+        );
+        assert_eq!(e.short_message(), body["error"].as_str().unwrap());
+    }
+
     #[test]
     fn long_grpc_messages_are_cut_short() {
         let long = format!("unknown model '{}'", "é".repeat(10_000));
@@ -283,7 +311,7 @@ mod tests {
             )
         );
         assert_eq!(status.code(), tonic::Code::NotFound);
-        // REST bodies keep the whole message.
+        // The error itself keeps the whole message.
         assert_eq!(GatewayError::NotFound(long.clone()).message(), long);
         let short = GatewayError::NotFound("unknown model 'm'".into()).to_grpc();
         assert_eq!(short.message(), "unknown model 'm'");

@@ -11,7 +11,7 @@ use http::StatusCode;
 use prometheus::{Histogram, IntCounter};
 use serde_json::{json, Value};
 
-use crate::error::GatewayError;
+use crate::error::{cut_short, GatewayError, MESSAGE_MAX};
 use crate::metrics::{FailureReason, Metrics};
 use crate::protocol::ProtocolError;
 
@@ -529,14 +529,21 @@ pub fn access_log(
     elapsed: Duration,
     error: Option<&str>,
 ) {
+    // What a client named is quoted, never more than a screenful of it.
+    let model = obs
+        .model
+        .as_deref()
+        .map_or(std::borrow::Cow::Borrowed("-"), |m| cut_short(m, 256));
+    let error = error.map(|e| cut_short(e, MESSAGE_MAX));
+    let path = cut_short(path, 1024);
     macro_rules! line {
         ($level:ident) => {
             tracing::$level!(
                 target: "tensorgate::access",
                 method,
-                path,
+                path = &*path,
                 protocol = obs.protocol.label(),
-                model = obs.model.as_deref().unwrap_or("-"),
+                model = &*model,
                 status,
                 backend = obs.backend.as_deref().unwrap_or("-"),
                 bytes_in = obs.bytes_in,
@@ -550,11 +557,11 @@ pub fn access_log(
                     .as_ref()
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-"),
-                error = error.unwrap_or("-"),
+                error = error.as_deref().unwrap_or("-"),
             )
         };
     }
-    if is_probe(method, path, status) {
+    if is_probe(method, &path, status) {
         line!(debug);
     } else {
         line!(info);

@@ -490,7 +490,7 @@ async fn stream_message(
         },
         // The request's id, as Triton sends it, tells the client which request failed.
         Err(e) => pb::ModelStreamInferResponse {
-            error_message: e.message().to_string(),
+            error_message: e.short_message().into_owned(),
             infer_response: Some(pb::ModelInferResponse {
                 id,
                 ..Default::default()

@@ -50,7 +50,7 @@ impl Policy for RestPolicy {
 fn observed_error(e: &GatewayError) -> Response<Body> {
     let obs = observe::Observation {
         failure: Some(observe::failure_of(e)),
-        error: Some(e.message().to_string()),
+        error: Some(e.short_message().into_owned()),
         ..Default::default()
     };
     let mut r = error_response(e);
@@ -87,7 +87,7 @@ impl tower::Service<Request<Body>> for Dispatch {
                 Ok(r) => r,
                 Err(e) => {
                     obs.failure = Some(observe::failure_of(&e));
-                    obs.error = Some(e.message().to_string());
+                    obs.error = Some(e.short_message().into_owned());
                     let mut r = error_response(&e);
                     if let GatewayError::MethodNotAllowed(_) = e {
                         if let Some(allow) = allowed_method(e.message()) {
