@@ -144,6 +144,12 @@ fn decode<T>(data: &[u8], size: usize, read: impl Fn(&[u8]) -> T) -> Vec<T> {
     data.chunks_exact(size).map(read).collect()
 }
 
+/// Most classes one output's classification may give (rows × k). Each is a formatted
+/// string, built on the thread that also answers health checks: a client asking for the
+/// top 16 million of a 16-million-element output held a gateway's liveness for seconds.
+/// A real top-k is small; 2^18 results take about 100 ms.
+pub const MAX_RESULTS: usize = 1 << 18;
+
 /// Replaces `t` by its top `k` classes per row. `batched` says the first dimension is a
 /// batch dimension (the model's shape starts with -1), giving shape [batch, k'] instead of
 /// [k'], where k' = min(k, elements per row).
@@ -172,6 +178,13 @@ pub fn classify(t: &Tensor, k: u64, batched: bool, labels: Option<&[String]>) ->
         (1, count)
     };
     let kept = (k as usize).min(per_row);
+    let results = rows.saturating_mul(kept);
+    if results > MAX_RESULTS {
+        return Err(ProtocolError::invalid(format!(
+            "output '{}': classification would give {results} classes ({rows} rows of {kept}); at most {MAX_RESULTS} per output",
+            t.name
+        )));
+    }
     let mut out = Vec::new();
     macro_rules! run {
         ($read:expr, $fmt:expr) => {{
@@ -274,6 +287,21 @@ mod tests {
         want.sort_by(|a, b| big[*b].cmp(&big[*a]).then(a.cmp(b)));
         want.truncate(200);
         assert_eq!(got, want);
+    }
+
+    /// Rows × k is bounded, whichever of the two is large.
+    #[test]
+    fn too_many_classes_are_refused() {
+        let n = MAX_RESULTS + 1;
+        let t = tensor(DataType::Uint8, vec![n as u64], vec![1; n]);
+        let e = classify(&t, n as u64, false, None).unwrap_err();
+        assert_eq!(
+            e.message(),
+            format!("output 'OUT': classification would give {n} classes (1 rows of {n}); at most {MAX_RESULTS} per output")
+        );
+        let rows = tensor(DataType::Uint8, vec![n as u64, 1], vec![1; n]);
+        assert!(classify(&rows, 1, true, None).is_err());
+        assert_eq!(classify(&t, 3, false, None).unwrap().shape, vec![3]);
     }
 
     #[test]
