@@ -86,6 +86,22 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen on {addr} for {what}: {e}"))
 }
 
+/// The cap on client connections over the REST and gRPC listeners together:
+/// `limits.max_connections`, or (0) what the open-file limit leaves, once raised to its hard
+/// maximum, after the gateway's own needs: a backend connection per request in flight and a
+/// margin for probes, Redis, model files and the listeners. Without a cap, idle clients could
+/// take every descriptor; the gateway's health checks would then fail, and healthy backends
+/// be ejected.
+pub fn connection_cap(limits: &crate::config::LimitsConfig) -> usize {
+    if limits.max_connections > 0 {
+        return limits.max_connections;
+    }
+    let nofile = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    let reserve = limits.max_concurrent_requests as u64 + 256;
+    let cap = nofile.saturating_sub(reserve).max(64);
+    usize::try_from(cap).unwrap_or(usize::MAX)
+}
+
 /// What the process itself needs before any thread starts: a process that runs repository
 /// models keeps their runs' memory between runs (`models::onnx::keep_run_memory`).
 pub fn prepare_process(config: &Config) {
@@ -157,11 +173,17 @@ pub async fn start_with_resolver(
         }
         None => None,
     };
+    let connections = connection_cap(&config.limits);
+    tracing::info!(
+        max_connections = connections,
+        "client connections over the REST and gRPC listeners are capped (limits.max_connections)"
+    );
     let options = ServeOptions {
         tls: tls.clone(),
         header_read_timeout: Duration::from_millis(config.limits.header_read_timeout_ms),
         max_header_bytes: config.limits.max_header_bytes,
         drain: Duration::from_millis(config.limits.drain_timeout_ms),
+        connections: Some(Arc::new(tokio::sync::Semaphore::new(connections))),
     };
     let mut tasks = vec![tokio::spawn(server::serve(
         listener,

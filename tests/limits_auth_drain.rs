@@ -855,3 +855,25 @@ async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
     assert_eq!(status("# nothing yet").await, 401);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// At `limits.max_connections`, a new connection waits in the listen queue until one
+/// closes: idle clients cannot take the descriptors the gateway's own backend connections
+/// and health checks need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    let gw = gateway(|c| c.limits.max_connections = 2).await;
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(gw.addr).unwrap())
+        .collect();
+    // Both slots are taken once the gateway has accepted them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = TcpStream::connect(gw.addr).unwrap();
+    third
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_all(&mut third, Duration::from_millis(700)), "");
+    drop(idle);
+    let answer = read_all(&mut third, Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    gw.shutdown().await;
+}

@@ -260,6 +260,10 @@ pub struct LimitsConfig {
     pub max_header_bytes: usize,
     /// Requests handled at once; beyond it they are shed with 503 and Retry-After.
     pub max_concurrent_requests: usize,
+    /// Client connections open at once over the REST and gRPC listeners; beyond it new ones
+    /// wait in the listen queue. 0: what the open-file limit leaves after the gateway's own
+    /// needs (`run::connection_cap`).
+    pub max_connections: usize,
     /// Time to receive a request's headers, which is also how long an idle HTTP/1
     /// keep-alive connection is kept.
     pub header_read_timeout_ms: u64,
@@ -282,6 +286,7 @@ impl Default for LimitsConfig {
             request_timeout_ms: 60_000,
             max_header_bytes: 64 << 10,
             max_concurrent_requests: 1024,
+            max_connections: 0,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
             shutdown_delay_ms: 0,

@@ -98,6 +98,9 @@ pub struct ServeOptions {
     pub max_header_bytes: usize,
     /// How long in-flight requests may take to finish after shutdown begins.
     pub drain: Duration,
+    /// Connections open at once, shared by the listeners that hold a clone; beyond it new
+    /// ones wait in the listen queue. `None`: no bound.
+    pub connections: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl ServeOptions {
@@ -107,8 +110,30 @@ impl ServeOptions {
             header_read_timeout: Duration::from_secs(30),
             max_header_bytes: 64 << 10,
             drain,
+            connections: None,
         }
     }
+}
+
+/// A connection's place under `ServeOptions::connections`, given back when it closes.
+type Slot = Option<tokio::sync::OwnedSemaphorePermit>;
+
+/// Waits for a free connection slot; at most one warning per minute says the cap is reached.
+async fn slot(
+    connections: &Option<Arc<tokio::sync::Semaphore>>,
+    warned: &mut Option<Instant>,
+) -> Slot {
+    let sem = connections.as_ref()?;
+    if let Ok(permit) = sem.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+        *warned = Some(Instant::now());
+        tracing::warn!(
+            "every connection slot is taken (limits.max_connections); new connections wait in the listen queue"
+        );
+    }
+    sem.clone().acquire_owned().await.ok()
 }
 
 /// Serves connections from `listener` with `service` until `shutdown` resolves, then lets
@@ -133,10 +158,17 @@ where
     let drain = Drain::new();
     let connections = Connections::new(service, &options);
     tokio::pin!(shutdown);
+    let mut warned = None;
     loop {
+        // A slot first: at the cap, connections wait in the kernel's queue rather than take
+        // the file descriptors the gateway's own backend connections and probes need.
+        let slot = tokio::select! {
+            slot = slot(&options.connections, &mut warned) => slot,
+            _ = &mut shutdown => break,
+        };
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => connections.spawn(stream, peer, drain.watch()),
+                Ok((stream, peer)) => connections.spawn(stream, peer, drain.watch(), slot),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -213,10 +245,11 @@ where
 {
     /// Serves one connection in its own task; the TLS handshake runs there too, so a slow
     /// client cannot stall the accept loop.
-    fn spawn(&self, stream: TcpStream, peer: SocketAddr, watch: Watch) {
+    fn spawn(&self, stream: TcpStream, peer: SocketAddr, watch: Watch, slot: Slot) {
         let _ = stream.set_nodelay(true);
         let this = self.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             // One deadline for the handshake and the first bytes of a request.
             let deadline = Instant::now() + this.header_read_timeout;
             let result = match this.tls.clone() {
@@ -320,7 +353,7 @@ where
                         .set_nonblocking(true)
                         .and_then(|()| TcpStream::from_std(stream));
                     match stream {
-                        Ok(s) => self.spawn(s, peer, drain.watch()),
+                        Ok(s) => self.spawn(s, peer, drain.watch(), None),
                         Err(e) => {
                             tracing::debug!(%peer, error = %e, "cannot serve a queued connection")
                         }
