@@ -318,6 +318,13 @@ async fn client_errors_carry_the_rest_message_and_their_own_code() {
         Code::NotFound,
         "unknown model 'nope'",
     );
+    let mut nameless = simple(&[0; 16], &[0; 16]);
+    nameless.model_name = String::new();
+    assert_status(
+        c.model_infer(nameless).await,
+        Code::InvalidArgument,
+        "model_name is required",
+    );
     let mut short = simple(&[0; 16], &[0; 16]);
     short.raw_input_contents[1] = Bytes::from_static(&[0; 60]);
     assert_status(

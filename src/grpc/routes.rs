@@ -118,6 +118,20 @@ fn client_errors_as_such(response: Response<Body>, max: usize) -> Response<Body>
     }
 }
 
+/// tonic answers a method its service lacks with UNIMPLEMENTED and no message; say which.
+fn named_if_unknown(response: Response<Body>, path: &str) -> Response<Body> {
+    match tonic::Status::from_header_map(response.headers()) {
+        Some(s) if s.code() == tonic::Code::Unimplemented && s.message().is_empty() => {
+            let method = path.rsplit('/').next().unwrap_or_default();
+            tonic::Status::unimplemented(format!(
+                "inference.GRPCInferenceService has no method '{method}'"
+            ))
+            .into_http()
+        }
+        _ => response,
+    }
+}
+
 /// `/<service>/<method>` names its service.
 fn service_of(path: &str) -> &str {
     path.trim_start_matches('/').split('/').next().unwrap_or("")
@@ -145,10 +159,14 @@ where
             Box::pin(async move { Ok(super::unary::model_infer(gw, req, max).await) })
         } else if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
             let (svc, max) = (self.inference.clone(), self.max_message);
+            let path = req.uri().path().to_string();
             let req = req.map(|b| WholeMessages::new(b, max));
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
-                Ok(client_errors_as_such(response, max))
+                Ok(named_if_unknown(
+                    client_errors_as_such(response, max),
+                    &path,
+                ))
             })
         } else if service == <HealthServer as NamedService>::NAME {
             let svc = self.health.clone();
@@ -160,5 +178,31 @@ where
             ));
             Box::pin(async move { Ok(status.into_http()) })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_method_is_named() {
+        let answer = named_if_unknown(
+            tonic::Status::unimplemented("").into_http(),
+            "/inference.GRPCInferenceService/NoSuchMethod",
+        );
+        let status = tonic::Status::from_header_map(answer.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert_eq!(
+            status.message(),
+            "inference.GRPCInferenceService has no method 'NoSuchMethod'"
+        );
+        // Other answers pass as they are.
+        let kept = named_if_unknown(
+            tonic::Status::unimplemented("shared memory is not supported").into_http(),
+            "/inference.GRPCInferenceService/SystemSharedMemoryStatus",
+        );
+        let status = tonic::Status::from_header_map(kept.headers()).unwrap();
+        assert_eq!(status.message(), "shared memory is not supported");
     }
 }
