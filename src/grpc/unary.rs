@@ -26,7 +26,7 @@ use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::protocol::grpc::{check_fanout, pb, INFER_REQUEST_FIELDS};
+use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
 
 /// The length-prefixed message's header: a compression flag and a big-endian length.
 const HEADER: usize = 5;
@@ -139,6 +139,7 @@ where
         };
         check_fanout(&bytes, INFER_REQUEST_FIELDS)
             .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
+        check_contents(&bytes)?;
         pb::ModelInferRequest::decode(bytes)
             .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
     };

@@ -74,6 +74,114 @@ pub fn check_fanout(mut bytes: &[u8], names: &[(u64, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// One field of a protobuf message on the wire.
+enum Wire<'a> {
+    Varint(u64),
+    /// A fixed64 (wire type 1) or fixed32 (5) value.
+    Fixed,
+    Delimited(&'a [u8]),
+}
+
+/// The fields of a message, in wire order; stops at the first malformed one (the decoder
+/// words that).
+fn fields(mut bytes: &[u8]) -> impl Iterator<Item = (u64, Wire<'_>)> {
+    std::iter::from_fn(move || {
+        let key = varint(&mut bytes)?;
+        let value = match key & 7 {
+            0 => Wire::Varint(varint(&mut bytes)?),
+            1 | 5 => {
+                let n = if key & 7 == 1 { 8 } else { 4 };
+                bytes = bytes.get(n..)?;
+                Wire::Fixed
+            }
+            2 => {
+                let n = usize::try_from(varint(&mut bytes)?).ok()?;
+                let (value, rest) = (bytes.get(..n)?, bytes.get(n..)?);
+                bytes = rest;
+                Wire::Delimited(value)
+            }
+            _ => return None,
+        };
+        Some((key >> 3, value))
+    })
+}
+
+/// `InferTensorContents` fields by number, and the bytes a packed element takes (0: a
+/// varint, 1 to 10 bytes).
+const CONTENTS_FIELDS: &[(u64, &str, usize)] = &[
+    (1, "bool_contents", 0),
+    (2, "int_contents", 0),
+    (3, "int64_contents", 0),
+    (4, "uint_contents", 0),
+    (5, "uint64_contents", 0),
+    (6, "fp32_contents", 4),
+    (7, "fp64_contents", 8),
+    (8, "bytes_contents", 0),
+];
+
+/// Checks, before a ModelInferRequest is decoded, that no input's typed contents hold more
+/// elements than its shape has. An empty `bytes_contents` entry is two bytes on the wire and
+/// some forty once decoded, and a varint one byte on the wire and eight: 250 KB of gzip could
+/// make the decoder build 4 GB for a shape of one element, which the decoder would then refuse
+/// with this same message. Fewer elements than the shape needs are left to the decoder.
+pub fn check_contents(bytes: &[u8]) -> Result<()> {
+    for (field, value) in fields(bytes) {
+        if let (5, Wire::Delimited(input)) = (field, value) {
+            check_input_contents(input)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_input_contents(input: &[u8]) -> Result<()> {
+    let mut name = String::new();
+    let mut shape: Vec<i64> = Vec::new();
+    let mut counts = [0u64; 9];
+    for (field, value) in fields(input) {
+        match (field, value) {
+            (1, Wire::Delimited(n)) => name = String::from_utf8_lossy(n).into_owned(),
+            (3, Wire::Varint(d)) => shape.push(d as i64),
+            (3, Wire::Delimited(packed)) => {
+                let mut packed = packed;
+                while let Some(d) = varint(&mut packed) {
+                    shape.push(d as i64);
+                }
+            }
+            (5, Wire::Delimited(contents)) => {
+                for (f, v) in fields(contents) {
+                    let Some(&(_, _, width)) = CONTENTS_FIELDS.iter().find(|c| c.0 == f) else {
+                        continue;
+                    };
+                    counts[f as usize] += match v {
+                        // A packed run: its elements, or (for bytes) one entry.
+                        Wire::Delimited(run) if f != 8 && width > 0 => (run.len() / width) as u64,
+                        Wire::Delimited(run) if f != 8 => {
+                            run.iter().filter(|b| **b & 0x80 == 0).count() as u64
+                        }
+                        _ => 1,
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(needed) = shape.iter().try_fold(1u64, |n, d| {
+        u64::try_from(*d).ok().and_then(|d| n.checked_mul(d))
+    }) else {
+        return Ok(());
+    };
+    for &(f, field, _) in CONTENTS_FIELDS {
+        let has = counts[f as usize];
+        if has > needed {
+            return Err(ProtocolError::invalid(format!(
+                "input '{name}': shape {} needs {needed} elements, {field} has {has}",
+                crate::protocol::tensor::format_shape(&shape)
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn varint(bytes: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for i in 0..10 {
@@ -89,7 +197,59 @@ fn varint(bytes: &mut &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
+
     use super::*;
+    use crate::protocol::grpc::pb;
+
+    fn request_with(contents: pb::InferTensorContents, shape: Vec<i64>) -> Vec<u8> {
+        pb::ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![pb::model_infer_request::InferInputTensor {
+                name: "IN".into(),
+                datatype: "BYTES".into(),
+                shape,
+                contents: Some(contents),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn contents_beyond_the_shape_are_refused_before_decoding() {
+        let many = pb::InferTensorContents {
+            bytes_contents: vec![Default::default(); 1000],
+            ..Default::default()
+        };
+        assert_eq!(
+            check_contents(&request_with(many.clone(), vec![1, 1]))
+                .unwrap_err()
+                .to_string(),
+            "input 'IN': shape [1,1] needs 1 elements, bytes_contents has 1000"
+        );
+        assert!(check_contents(&request_with(many, vec![10, 100])).is_ok());
+        let ints = pb::InferTensorContents {
+            int64_contents: vec![0; 20],
+            ..Default::default()
+        };
+        assert_eq!(
+            check_contents(&request_with(ints.clone(), vec![4]))
+                .unwrap_err()
+                .to_string(),
+            "input 'IN': shape [4] needs 4 elements, int64_contents has 20"
+        );
+        let floats = pb::InferTensorContents {
+            fp32_contents: vec![0.5; 8],
+            ..Default::default()
+        };
+        assert!(check_contents(&request_with(floats.clone(), vec![8])).is_ok());
+        assert!(check_contents(&request_with(floats, vec![7])).is_err());
+        // Fewer than the shape needs, and malformed bytes, are the decoder's to word.
+        assert!(check_contents(&request_with(ints, vec![40])).is_ok());
+        assert!(check_contents(&[0x2a, 0xff, 0xff]).is_ok());
+    }
 
     #[test]
     fn repeated_fields_are_counted() {
