@@ -33,7 +33,11 @@ impl Tensor {
     /// classification, sees a tensor that contradicts its own shape. A failure is
     /// `ProtocolError::Inconsistent`: the server's fault, a 500.
     pub fn check_consistent(&self) -> Result<()> {
-        let count = self.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
+        let count = if self.shape.contains(&0) {
+            Some(0)
+        } else {
+            self.shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d))
+        };
         let inconsistent =
             |m: String| ProtocolError::Inconsistent(format!("inconsistent tensor: {m}"));
         match self.datatype.fixed_size() {
@@ -114,6 +118,11 @@ pub fn checked_element_count(shape: &[u64], max_elements: u64) -> Result<u64> {
             format_shape(shape),
             i64::MAX
         )));
+    }
+    // A zero dimension anywhere makes no elements, whatever the others would multiply to:
+    // the same answer in any order of dimensions.
+    if shape.contains(&0) {
+        return Ok(0);
     }
     let mut n: u64 = 1;
     for &d in shape {
@@ -254,6 +263,10 @@ mod tests {
     #[test]
     fn element_count_limits() {
         assert_eq!(checked_element_count(&[2, 3], 100).unwrap(), 6);
+        // A zero anywhere: no elements, in any order.
+        let big = 1u64 << 40;
+        assert_eq!(checked_element_count(&[big, big, 0], 100).unwrap(), 0);
+        assert_eq!(checked_element_count(&[0, big, big], 100).unwrap(), 0);
         assert_eq!(checked_element_count(&[], 100).unwrap(), 1);
         assert_eq!(
             checked_element_count(&[i64::MAX as u64, 3], u64::MAX)
