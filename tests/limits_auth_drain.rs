@@ -877,3 +877,23 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     gw.shutdown().await;
 }
+
+/// A body whose chunked framing is broken gets a 400 that says how, not only hyper's
+/// "error reading a body from connection".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_chunked_body_is_described() {
+    let gw = gateway(|_| {}).await;
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    let answer = read_all(&mut s, Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert_eq!(
+        body,
+        r#"{"error":"cannot read the request body: error reading a body from connection: Invalid chunk size line: missing size digit"}"#
+    );
+    gw.shutdown().await;
+}

@@ -467,7 +467,15 @@ where
             if e.is::<http_body_util::LengthLimitError>() {
                 too_large()
             } else {
-                GatewayError::BadRequest(format!("cannot read the request body: {e}"))
+                // hyper's own message is vague ("error reading a body from connection");
+                // its causes say what was wrong (a bad chunk size, a closed connection).
+                let mut why = e.to_string();
+                let mut source = e.source();
+                while let Some(cause) = source {
+                    why.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                GatewayError::BadRequest(format!("cannot read the request body: {why}"))
             }
         })?;
         let Ok(data) = frame.into_data() else {
