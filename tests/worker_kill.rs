@@ -173,7 +173,7 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
         .pins
         .get("accumulate", &tensorgate::protocol::SequenceId::Uint(7))
         .is_none());
-    // Counted as the backend's failure, not the client's.
+    // Counted as the backend's failure, not the client's (whose series is there, at 0).
     let m = scrape(&gw).await;
     let failures = |reason: &str| {
         let series = format!(
@@ -184,8 +184,8 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
             .map(|v| v.trim().to_string())
     };
     assert_eq!(
-        (failures("BACKEND").as_deref(), failures("REJECTED")),
-        (Some("1"), None)
+        (failures("BACKEND").as_deref(), failures("REJECTED").as_deref()),
+        (Some("1"), Some("0"))
     );
     // The client starts it again.
     let r = accumulate(&client, &b, 7, true, false, 5).await;
