@@ -184,6 +184,7 @@ pub async fn start_with_resolver(
         max_header_bytes: config.limits.max_header_bytes,
         drain: Duration::from_millis(config.limits.drain_timeout_ms),
         connections: Some(Arc::new(tokio::sync::Semaphore::new(connections))),
+        send_timeout: Duration::from_millis(config.limits.send_timeout_ms),
     };
     let mut tasks = vec![tokio::spawn(server::serve(
         listener,

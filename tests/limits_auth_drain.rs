@@ -897,3 +897,40 @@ async fn a_broken_chunked_body_is_described() {
     );
     gw.shutdown().await;
 }
+
+/// A client that stops reading its answer is cut off once a write has waited
+/// `limits.send_timeout_ms` without progress, so that it does not hold the answer's memory
+/// for as long as it keeps the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_off() {
+    let gw = gateway(|c| c.limits.send_timeout_ms = 500).await;
+    const N: usize = 48 << 20;
+    let header = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{N}],"datatype":"UINT8","parameters":{{"binary_data_size":{N}}}}}],"outputs":[{{"name":"OUTPUT0","parameters":{{"binary_data":true}}}}]}}"#
+    );
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    let head = format!(
+        "POST /v2/models/identity_uint8/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ninference-header-content-length: {}\r\ncontent-length: {}\r\n\r\n",
+        header.len(),
+        header.len() + N
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(header.as_bytes()).unwrap();
+    s.write_all(&vec![7u8; N]).unwrap();
+    // Not reading: the answer fills the sockets' buffers and the gateway's write waits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(closed, "the gateway closed the connection");
+    assert!(got < N, "only what the buffers held arrived: {got} bytes");
+    gw.shutdown().await;
+}

@@ -184,7 +184,10 @@ async fn a_worker_restarted_under_a_live_sequence_loses_it_with_a_503() {
             .map(|v| v.trim().to_string())
     };
     assert_eq!(
-        (failures("BACKEND").as_deref(), failures("REJECTED").as_deref()),
+        (
+            failures("BACKEND").as_deref(),
+            failures("REJECTED").as_deref()
+        ),
         (Some("1"), Some("0"))
     );
     // The client starts it again.

@@ -302,6 +302,12 @@ fn check_bounds(config: &Config) -> Vec<String> {
         "hyper reads HTTP/1 heads into buffers of at least 8192 bytes, so a lower limit would hold for h2 alone",
     );
     at_least(
+        "limits.send_timeout_ms",
+        l.send_timeout_ms,
+        1,
+        "every answer would be cut off",
+    );
+    at_least(
         "limits.max_concurrent_requests",
         l.max_concurrent_requests as u64,
         1,

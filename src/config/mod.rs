@@ -269,6 +269,9 @@ pub struct LimitsConfig {
     pub header_read_timeout_ms: u64,
     /// Time to receive a request's body (408 beyond).
     pub body_read_timeout_ms: u64,
+    /// How long a write to a client may wait without progress before the connection is
+    /// closed: a client that stops reading an answer does not hold it for ever.
+    pub send_timeout_ms: u64,
     /// After SIGTERM, how long readiness reports 503 while requests are still accepted,
     /// so that load balancers stop sending before the listener closes.
     pub shutdown_delay_ms: u64,
@@ -289,6 +292,7 @@ impl Default for LimitsConfig {
             max_connections: 0,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
             shutdown_delay_ms: 0,
             drain_timeout_ms: 30_000,
         }

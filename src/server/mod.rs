@@ -37,6 +37,7 @@ mod conn;
 mod content_coding;
 mod drain;
 mod idle;
+mod send_timeout;
 
 use content_coding::CanonicalCoding;
 
@@ -101,6 +102,8 @@ pub struct ServeOptions {
     /// Connections open at once, shared by the listeners that hold a clone; beyond it new
     /// ones wait in the listen queue. `None`: no bound.
     pub connections: Option<Arc<tokio::sync::Semaphore>>,
+    /// How long a write to the client may wait without progress (`send_timeout`).
+    pub send_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -111,6 +114,7 @@ impl ServeOptions {
             max_header_bytes: 64 << 10,
             drain,
             connections: None,
+            send_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -201,6 +205,7 @@ struct Connections<S> {
     header_read_timeout: Duration,
     /// How long a connection that has sent nothing may stay once a shutdown has begun.
     silent_grace: Duration,
+    send_timeout: Duration,
 }
 
 impl<S: Clone> Connections<S> {
@@ -228,6 +233,7 @@ impl<S: Clone> Connections<S> {
             tls: options.tls.clone(),
             header_read_timeout: options.header_read_timeout,
             silent_grace: drain::SILENT_GRACE.min(options.header_read_timeout),
+            send_timeout: options.send_timeout,
         }
     }
 }
@@ -309,7 +315,7 @@ where
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("no request within the header-read timeout".to_string()),
         };
-        let io = TokioIo::new(io);
+        let io = TokioIo::new(send_timeout::SendTimeout::new(io, self.send_timeout));
         // The client's address, for the access log.
         let service = AddExtension::new(self.service.clone(), PeerAddr(peer));
         match proto {
