@@ -81,20 +81,47 @@ async fn oversized_headers_get_431() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
+    let hung = hung_backend().await;
     let gw = gateway(|c| {
         c.limits.max_concurrent_requests = 1;
         c.limits.body_read_timeout_ms = 1500;
+        c.limits.request_timeout_ms = 2500;
+        c.set_backends(&["builtin".to_string(), format!("http://{hung}")])
+            .unwrap();
     })
     .await;
     let addr = gw.addr;
-    // Hold the one permit with a request whose body never completes.
+    let client = reqwest::Client::new();
+    // A request whose body never completes holds no permit: it is admitted once its body
+    // has arrived, so that silent clients cannot shed everyone else.
     let slow = std::thread::spawn(move || {
         let mut s = TcpStream::connect(addr).unwrap();
         write!(s, "POST /v2/models/simple/infer HTTP/1.1\r\nhost: a\r\ncontent-length: 1000\r\n\r\n{{\"inp").unwrap();
         read_all(&mut s, Duration::from_secs(10))
     });
-    // Wait (bounded) until the slow request holds the permit.
-    let client = reqwest::Client::new();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let served = client
+        .post(format!("http://{addr}/v2/models/simple/infer"))
+        .body(SIMPLE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200, "the silent request took no permit");
+    // Hold the one permit with a request the hung backend never answers.
+    let held = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .post(format!("http://{addr}/v2/models/m/infer"))
+                .body(
+                    r#"{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","data":[1,2]}]}"#,
+                )
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    // Wait (bounded) until it holds the permit.
     let mut shed = None;
     for _ in 0..100 {
         let r = client
@@ -155,7 +182,8 @@ async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
         reply.contains(r#"{"error":"the request body did not arrive within 1500 ms (limits.body_read_timeout_ms)"}"#),
         "{reply}"
     );
-    // With the permit back, requests are served.
+    // The held request times out (504), and with the permit back, requests are served.
+    assert_eq!(held.await.unwrap().unwrap(), 504);
     let ok = client
         .post(format!("http://{addr}/v2/models/simple/infer"))
         .body(SIMPLE)

@@ -143,6 +143,8 @@ pub(super) async fn call(
         let msg = read.await?;
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
         let _ = named.set((msg.model_name.clone(), version));
+        // Admitted once the message is here (`GrpcPolicy`), held until the answer.
+        let _permit = gw.admit()?;
         infer_one(gw, msg, &ctx, &mut obs).await
     }
     .await;

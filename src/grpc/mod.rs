@@ -68,13 +68,15 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Bo
 
 const SERVICE: &str = "/inference.GRPCInferenceService/";
 
-/// gRPC's part in the shared layers: the health RPCs need no token and are never shed; a
-/// stream takes a permit per message (`infer::stream`) rather than one for its whole life;
-/// a refusal is a gRPC status, counted and logged like any RPC.
+/// gRPC's part in the shared layers: the health RPCs need no token and are never shed;
+/// inference takes its permit once its message has arrived (`infer`: a unary call after
+/// reading it, a stream per message) rather than while a client may still be sending, or
+/// not: a permit held by a message that never comes would shed everyone else; a refusal is
+/// a gRPC status, counted and logged like any RPC.
 #[derive(Clone, Copy)]
 pub struct GrpcPolicy {
-    /// Also let ModelStreamInfer through (the shedding layer).
-    streams_exempt: bool,
+    /// Also let ModelInfer and ModelStreamInfer through (the shedding layer).
+    inference_exempt: bool,
 }
 
 fn is_health(path: &str) -> bool {
@@ -88,7 +90,8 @@ impl Policy for GrpcPolicy {
     type Body = Body;
 
     fn exempt(&self, path: &str) -> bool {
-        is_health(path) || (self.streams_exempt && path == infer::STREAM_PATH)
+        is_health(path)
+            || (self.inference_exempt && (path == infer::STREAM_PATH || path == infer::INFER_PATH))
     }
 
     fn deny(&self, gw: &Gateway, path: &str, e: GatewayError) -> http::Response<Body> {
@@ -108,13 +111,13 @@ pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
         .layer(AuthLayer::auth(
             gw.clone(),
             GrpcPolicy {
-                streams_exempt: false,
+                inference_exempt: false,
             },
         ))
         .layer(ShedLayer::shed(
             gw,
             GrpcPolicy {
-                streams_exempt: true,
+                inference_exempt: true,
             },
         ))
         .service(routes)

@@ -23,14 +23,23 @@ use routes::{Route, RouteError};
 /// `WWW-Authenticate` for a 401), which `handle` observes like any other answer. Health is
 /// what Triton's "health" protocol group holds: server liveness and readiness, and a model's
 /// readiness (gRPC's ServerLive, ServerReady and ModelReady, exempt alike).
+/// Inference is admitted once its body has arrived (`infer_exempt`, for the shedding layer):
+/// a permit held while a client may still be sending, or not, would let a thousand silent
+/// requests shed everyone else for a whole body-read timeout.
 #[derive(Clone, Copy)]
-struct RestPolicy;
+struct RestPolicy {
+    infer_exempt: bool,
+}
 
 impl Policy for RestPolicy {
     type Body = Body;
 
     fn exempt(&self, path: &str) -> bool {
         let path = path.strip_suffix('/').unwrap_or(path);
+        // The path's shape is enough: another path ending so is answered at once (404).
+        if self.infer_exempt && path.starts_with("/v2/models/") && path.ends_with("/infer") {
+            return true;
+        }
         matches!(path, "/v2/health/live" | "/v2/health/ready")
             || (path.starts_with("/v2/models/")
                 && path.ends_with("/ready")
@@ -130,8 +139,16 @@ where
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
     let handler = Dispatch(gw.clone());
     let stack = tower::ServiceBuilder::new()
-        .layer(AuthLayer::auth(gw.clone(), RestPolicy))
-        .layer(ShedLayer::shed(gw.clone(), RestPolicy))
+        .layer(AuthLayer::auth(
+            gw.clone(),
+            RestPolicy {
+                infer_exempt: false,
+            },
+        ))
+        .layer(ShedLayer::shed(
+            gw.clone(),
+            RestPolicy { infer_exempt: true },
+        ))
         .service(handler);
     // Boxed here, where every type is concrete: rustc cannot prove an unboxed stack future
     // `Send` inside the listener's future (a higher-ranked lifetime limitation).
@@ -319,6 +336,8 @@ where
             // model the path names.
             let (parts, body, header_length) = read_infer_body(&config, req).await?;
             obs.bytes_in = body.len() as u64;
+            // Admitted once the body is here (`RestPolicy`), held until the answer.
+            let _permit = gw.admit()?;
             let mut answer = infer::infer(
                 gw,
                 &config,
