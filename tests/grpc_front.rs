@@ -1370,3 +1370,38 @@ async fn plain_http_on_the_grpc_port_is_refused() {
     }
     gw.shutdown().await;
 }
+
+/// A stream message whose typed contents hold more elements than its shape is that
+/// message's error alone: the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contents_beyond_the_shape_fail_one_stream_message() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let mut excess = simple(&[0; 16], &[0; 16]);
+    excess.raw_input_contents.clear();
+    for t in excess.inputs.iter_mut() {
+        t.contents = Some(pb::InferTensorContents {
+            int_contents: vec![1; 32],
+            ..Default::default()
+        });
+    }
+    let messages = vec![excess, simple(&[2; 16], &[3; 16])];
+    let responses = c
+        .model_stream_infer(futures_util::stream::iter(messages))
+        .await
+        .unwrap()
+        .into_inner();
+    use futures_util::StreamExt;
+    let got: Vec<pb::ModelStreamInferResponse> = tokio::time::timeout(
+        Duration::from_secs(20),
+        responses.map(|r| r.unwrap()).collect(),
+    )
+    .await
+    .expect("the stream ends");
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        got[0].error_message,
+        "input 'INPUT0': shape [1,16] needs 16 elements, int_contents has 32"
+    );
+    assert_eq!(got[1].error_message, "");
+    gw.shutdown().await;
+}

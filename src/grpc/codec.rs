@@ -11,7 +11,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
+use crate::protocol::grpc::{check_fanout, pb, INFER_REQUEST_FIELDS};
 
 pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
 
@@ -49,12 +49,15 @@ impl<U: Message + Default + 'static> Decoder for GuardedDecoder<U> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The whole message is in one contiguous buffer by the time it is decoded.
         // Named fields for the one message with many: ModelInfer's (streams included).
-        let infer = TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>();
-        let names = if infer { INFER_REQUEST_FIELDS } else { &[] };
+        let names = if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
+            INFER_REQUEST_FIELDS
+        } else {
+            &[]
+        };
+        // Not `check_contents` here: a decoder's error ends a whole stream, where a message
+        // whose contents contradict its shape is that message's error alone (the stream
+        // handler's decode says so).
         check_fanout(buf.chunk(), names).map_err(|e| Status::resource_exhausted(e.message()))?;
-        if infer {
-            check_contents(buf.chunk()).map_err(|e| Status::invalid_argument(e.message()))?;
-        }
         self.0.decode(buf)
     }
 

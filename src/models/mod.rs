@@ -141,8 +141,10 @@ pub fn check_model_names(
     repository: Option<&std::path::Path>,
 ) -> Result<(), String> {
     let builtin = builtin_names();
+    // A model's name is one directory of the repository, never a path out of it.
+    let plain = |n: &str| !n.is_empty() && n != "." && n != ".." && !n.contains(['/', '\\']);
     let Some(bad) = names.iter().find(|n| {
-        !builtin.contains(n) && !repository.is_some_and(|dir| !n.is_empty() && dir.join(n).is_dir())
+        !builtin.contains(n) && !repository.is_some_and(|dir| plain(n) && dir.join(n).is_dir())
     }) else {
         return Ok(());
     };
@@ -209,4 +211,26 @@ pub fn builtin_models(
         out.insert(name, m);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name is one directory of the repository: a path out of it names nothing.
+    #[test]
+    fn model_names_are_plain_directory_names() {
+        let root = std::env::temp_dir().join(format!("tg-names-{}", std::process::id()));
+        let repo = root.join("repo");
+        std::fs::create_dir_all(repo.join("double")).unwrap();
+        std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(check_model_names(&names(&["double", "simple"]), Some(&repo)).is_ok());
+        for bad in ["../elsewhere", "..", ".", "double/", ""] {
+            let e = check_model_names(&names(&[bad]), Some(&repo)).unwrap_err();
+            assert!(e.starts_with(&format!("model '{bad}' is neither")), "{e}");
+        }
+        assert!(check_model_names(&names(&["double"]), None).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
