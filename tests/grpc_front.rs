@@ -679,18 +679,7 @@ async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
         messages.push(simple(&[v; 16], &[v; 16]));
     }
     let count = messages.len();
-    let responses = c
-        .model_stream_infer(futures_util::stream::iter(messages))
-        .await
-        .unwrap()
-        .into_inner();
-    use futures_util::StreamExt;
-    let got: Vec<pb::ModelStreamInferResponse> = tokio::time::timeout(
-        Duration::from_secs(20),
-        responses.map(|r| r.unwrap()).collect(),
-    )
-    .await
-    .expect("the stream ends");
+    let got = stream_all(&mut c, messages).await;
     assert_eq!(got.len(), count);
     let mut sum = 0;
     let mut i = 0;
@@ -1385,18 +1374,7 @@ async fn contents_beyond_the_shape_fail_one_stream_message() {
         });
     }
     let messages = vec![excess, simple(&[2; 16], &[3; 16])];
-    let responses = c
-        .model_stream_infer(futures_util::stream::iter(messages))
-        .await
-        .unwrap()
-        .into_inner();
-    use futures_util::StreamExt;
-    let got: Vec<pb::ModelStreamInferResponse> = tokio::time::timeout(
-        Duration::from_secs(20),
-        responses.map(|r| r.unwrap()).collect(),
-    )
-    .await
-    .expect("the stream ends");
+    let got = stream_all(&mut c, messages).await;
     assert_eq!(got.len(), 2);
     assert_eq!(
         got[0].error_message,
@@ -1404,4 +1382,23 @@ async fn contents_beyond_the_shape_fail_one_stream_message() {
     );
     assert_eq!(got[1].error_message, "");
     gw.shutdown().await;
+}
+
+/// Sends `messages` on one ModelStreamInfer stream and collects every answer (bounded).
+async fn stream_all(
+    c: &mut GrpcInferenceServiceClient<tonic::transport::Channel>,
+    messages: Vec<pb::ModelInferRequest>,
+) -> Vec<pb::ModelStreamInferResponse> {
+    use futures_util::StreamExt;
+    let responses = c
+        .model_stream_infer(futures_util::stream::iter(messages))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        responses.map(|r| r.unwrap()).collect(),
+    )
+    .await
+    .expect("the stream ends")
 }
