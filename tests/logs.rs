@@ -132,6 +132,16 @@ async fn log_of_one_request(log_format: &str) -> (String, Refusals) {
     call.metadata_mut()
         .insert("x-request-id", "grpc-7".parse().unwrap());
     c.model_infer(call).await.unwrap();
+    // An RPC other than inference has its line too (a successful probe's at debug).
+    let mut metadata = tonic::Request::new(pb::ModelMetadataRequest {
+        name: "nope".into(),
+        version: String::new(),
+    });
+    metadata
+        .metadata_mut()
+        .insert("x-request-id", "grpc-8".parse().unwrap());
+    c.model_metadata(metadata).await.unwrap_err();
+    c.server_live(pb::ServerLiveRequest {}).await.unwrap();
     let refusals = Refusals {
         infer: error,
         unload: unload_error,
@@ -185,7 +195,17 @@ async fn json_access_logs() {
         .iter()
         .filter(|v| v["target"] == "tensorgate::access" && v["fields"]["protocol"] == "grpc")
         .collect();
-    assert_eq!(grpc.len(), 1, "{text}");
+    assert_eq!(grpc.len(), 2, "{text}");
+    let m = &grpc[1]["fields"];
+    assert_eq!(
+        (&m["path"], &m["status"], &m["error"], &m["request_id"]),
+        (
+            &serde_json::json!("/inference.GRPCInferenceService/ModelMetadata"),
+            &serde_json::json!(5),
+            &serde_json::json!("unknown model 'nope'"),
+            &serde_json::json!("grpc-8")
+        )
+    );
     let f = &grpc[0]["fields"];
     assert_eq!(
         (&f["method"], &f["path"], &f["model"], &f["status"]),

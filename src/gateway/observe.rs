@@ -574,6 +574,26 @@ pub fn access_log(
 /// each model's metadata and readiness, and a worker behind a few gateways would log
 /// dozens of such lines a second at info, drowning its inferences and errors.
 fn is_probe(method: &str, path: &str, status: u32) -> bool {
+    if method == "gRPC" {
+        // gRPC's status 0 is OK.
+        return status == 0
+            && (path.starts_with("/grpc.health.v1.Health/")
+                || path
+                    .strip_prefix("/inference.GRPCInferenceService/")
+                    .is_some_and(|m| {
+                        matches!(
+                            m,
+                            "ServerLive"
+                                | "ServerReady"
+                                | "ModelReady"
+                                | "ServerMetadata"
+                                | "ModelMetadata"
+                                | "ModelConfig"
+                                | "ModelStatistics"
+                                | "RepositoryIndex"
+                        )
+                    }));
+    }
     if !(200..300).contains(&status) {
         return false;
     }
@@ -667,6 +687,17 @@ mod tests {
             assert!(is_probe(method, path, 200), "{method} {path}");
             assert!(!is_probe(method, path, 503), "{method} {path} failing");
         }
+        assert!(is_probe("gRPC", "/grpc.health.v1.Health/Check", 0));
+        assert!(is_probe(
+            "gRPC",
+            "/inference.GRPCInferenceService/ModelMetadata",
+            0
+        ));
+        assert!(!is_probe(
+            "gRPC",
+            "/inference.GRPCInferenceService/ModelMetadata",
+            5
+        ));
         for (method, path) in [
             ("POST", "/v2/models/simple/infer"),
             ("POST", "/v2/repository/models/simple/load"),

@@ -12,6 +12,7 @@ mod health;
 mod infer;
 mod only_grpc;
 mod routes;
+mod rpc_log;
 mod statistics;
 mod unary;
 mod whole_messages;

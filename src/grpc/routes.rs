@@ -154,6 +154,18 @@ where
         use tower::ServiceExt;
         let service = service_of(req.uri().path()).to_string();
         let req = self.bounded(req);
+        // Inference writes its own access line; every other RPC gets one here.
+        let line = (req.uri().path() != super::infer::STREAM_PATH).then(|| {
+            super::rpc_log::Line::new(
+                req.uri().path(),
+                req.headers(),
+                crate::gateway::observe::PeerAddr::of(req.extensions()),
+            )
+        });
+        let log = move |response: Response<Body>| match line {
+            Some(line) => line.on(response),
+            None => response,
+        };
         if super::unary::handles(&req) {
             let (gw, max) = (self.gw.clone(), self.max_message);
             Box::pin(async move { Ok(super::unary::model_infer(gw, req, max).await) })
@@ -163,20 +175,20 @@ where
             let req = req.map(|b| WholeMessages::new(b, max));
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
-                Ok(named_if_unknown(
+                Ok(log(named_if_unknown(
                     client_errors_as_such(response, max),
                     &path,
-                ))
+                )))
             })
         } else if service == <HealthServer as NamedService>::NAME {
             let svc = self.health.clone();
             let req = req.map(|b| WholeMessages::new(b, HEALTH_MESSAGE_LIMIT));
-            Box::pin(async move { svc.oneshot(req).await })
+            Box::pin(async move { Ok(log(svc.oneshot(req).await?)) })
         } else {
             let status = tonic::Status::unimplemented(format!(
                 "tensorgate serves inference.GRPCInferenceService and grpc.health.v1.Health, not '{service}'"
             ));
-            Box::pin(async move { Ok(status.into_http()) })
+            Box::pin(async move { Ok(log(status.into_http())) })
         }
     }
 }
