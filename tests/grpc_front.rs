@@ -325,6 +325,16 @@ async fn client_errors_carry_the_rest_message_and_their_own_code() {
         Code::InvalidArgument,
         "model_name is required",
     );
+    assert_status(
+        c.model_metadata(pb::ModelMetadataRequest::default()).await,
+        Code::InvalidArgument,
+        "name is required",
+    );
+    assert_status(
+        c.model_config(pb::ModelConfigRequest::default()).await,
+        Code::InvalidArgument,
+        "name is required",
+    );
     let mut short = simple(&[0; 16], &[0; 16]);
     short.raw_input_contents[1] = Bytes::from_static(&[0; 60]);
     assert_status(

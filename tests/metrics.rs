@@ -73,6 +73,7 @@ async fn served_models_have_their_series_at_zero_before_any_request() {
             r#"nv_inference_request_duration_us{model="classifier",version="1"}"#,
             0.0,
         ),
+        (r#"tensorgate_request_timeouts_total{model="simple"}"#, 0.0),
     ] {
         assert_eq!(m.get(name), Some(&want), "{name}");
     }

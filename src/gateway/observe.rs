@@ -257,6 +257,7 @@ impl Stats {
                 .nv_failure
                 .with_label_values(&[model, version, reason.as_str()]);
         }
+        metrics.timeouts.with_label_values(&[model]);
     }
 
     /// `{"model_stats": [...]}` for one model (and version) or all.

@@ -57,6 +57,15 @@ pub type GrpcService = CatchPanic<
 /// Turns a caught panic into a gRPC answer.
 type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body>;
 
+/// A request message that leaves its model's `name` out is the client's error, not an
+/// unknown model named "".
+fn named(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("name is required"));
+    }
+    Ok(())
+}
+
 /// A handler that panicked (our bug) answers INTERNAL for that RPC alone, as REST answers
 /// 500; without this the stream would be reset with no status and no log line.
 fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body> {
@@ -225,6 +234,7 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = req.into_inner();
+        named(&r.name)?;
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let entry = lookup(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
         let m = &entry.metadata;
@@ -271,6 +281,7 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = req.into_inner();
+        named(&r.name)?;
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let config = model_config::model_config(&self.gw, &r.name, version)
             .await
