@@ -1412,3 +1412,30 @@ async fn stream_all(
     .await
     .expect("the stream ends")
 }
+
+/// A unary call still waiting for its backend near the drain deadline is answered
+/// UNAVAILABLE with the shutdown's message, not cut off without a status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_drain_deadline_cuts_is_unavailable() {
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_secs(10))).await;
+    let (gw, mut c) = start(config(
+        &[("slow", slow.url.as_str())],
+        "[limits]\nshutdown_delay_ms = 0\ndrain_timeout_ms = 800\n",
+    ))
+    .await;
+    wait_for_m(&gw).await;
+    let call = tokio::spawn(async move { c.model_infer(m_request()).await });
+    for _ in 0..100 {
+        if slow.infers() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(slow.infers(), 1);
+    gw.shutdown().await;
+    assert_status(
+        call.await.unwrap(),
+        Code::Unavailable,
+        "the gateway shut down before the answer (limits.drain_timeout_ms passed)",
+    );
+}

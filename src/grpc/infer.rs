@@ -178,10 +178,7 @@ async fn infer_one(
 ) -> Result<pb::ModelInferResponse, GatewayError> {
     let config = gw.config();
     obs.bytes_in = msg.encoded_len() as u64;
-    // REST's path always names a model; a protobuf message may leave it out.
-    if msg.model_name.is_empty() {
-        return Err(GatewayError::BadRequest("model_name is required".into()));
-    }
+    super::required("model_name", &msg.model_name)?;
     let model = msg.model_name.clone();
     let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
     let (entry, _pending) = core::begin(gw, &model, version.as_deref(), obs)?;

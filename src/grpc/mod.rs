@@ -57,11 +57,11 @@ pub type GrpcService = CatchPanic<
 /// Turns a caught panic into a gRPC answer.
 type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body>;
 
-/// A request message that leaves its model's `name` out is the client's error, not an
-/// unknown model named "".
-fn named(name: &str) -> Result<(), Status> {
+/// A request message that leaves the model's name (its `field`) out is the client's error,
+/// not an unknown model named "". REST's paths always name one.
+pub(crate) fn required(field: &str, name: &str) -> Result<(), GatewayError> {
     if name.is_empty() {
-        return Err(Status::invalid_argument("name is required"));
+        return Err(GatewayError::BadRequest(format!("{field} is required")));
     }
     Ok(())
 }
@@ -171,9 +171,7 @@ impl GrpcFront {
         action: RepositoryAction,
         parameters: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), Status> {
-        if model.is_empty() {
-            return Err(Status::invalid_argument("model_name is required"));
-        }
+        required("model_name", model).map_err(|e| e.to_grpc())?;
         let report = queries::control(&self.gw, model, action, parameters)
             .await
             .map_err(|e| e.to_grpc())?;
@@ -234,7 +232,7 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = req.into_inner();
-        named(&r.name)?;
+        required("name", &r.name).map_err(|e| e.to_grpc())?;
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let entry = lookup(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
         let m = &entry.metadata;
@@ -281,7 +279,7 @@ impl GrpcInferenceService for GrpcFront {
         req: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = req.into_inner();
-        named(&r.name)?;
+        required("name", &r.name).map_err(|e| e.to_grpc())?;
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
         let config = model_config::model_config(&self.gw, &r.name, version)
             .await

@@ -1,7 +1,9 @@
 //! A look at a message's wire bytes before it is decoded. An empty entry of a repeated
 //! message field costs two bytes on the wire and a whole struct once decoded (an empty
 //! `InferInputTensor` is some 300 bytes), so a message within the size limit could make the
-//! decoder allocate a hundred times its size. Counting the top-level fields first caps that.
+//! decoder allocate a hundred times its size. Counting the top-level fields first caps that
+//! (`check_fanout`); for ModelInfer, an input's typed contents are also counted against its
+//! shape (`check_contents`). Both read the wire through one field iterator (`fields`).
 
 use super::super::error::{ProtocolError, Result};
 
@@ -21,30 +23,9 @@ pub const INFER_REQUEST_FIELDS: &[(u64, &str)] = &[
 /// Counts the top-level fields of a protobuf message. Malformed bytes are left for the
 /// decoder to word; only a field repeated more than `MAX_REPEATED` times is refused here,
 /// by its name in `names` if it is there.
-pub fn check_fanout(mut bytes: &[u8], names: &[(u64, &str)]) -> Result<()> {
+pub fn check_fanout(bytes: &[u8], names: &[(u64, &str)]) -> Result<()> {
     let mut counts: Vec<(u64, usize)> = Vec::new();
-    while !bytes.is_empty() {
-        let Some(key) = varint(&mut bytes) else {
-            return Ok(());
-        };
-        let (field, wire_type) = (key >> 3, key & 7);
-        let skip = match wire_type {
-            0 => match varint(&mut bytes) {
-                Some(_) => 0,
-                None => return Ok(()),
-            },
-            1 => 8,
-            2 => match varint(&mut bytes).and_then(|n| usize::try_from(n).ok()) {
-                Some(n) => n,
-                None => return Ok(()),
-            },
-            5 => 4,
-            _ => return Ok(()),
-        };
-        if skip > bytes.len() {
-            return Ok(());
-        }
-        bytes = &bytes[skip..];
+    for (field, _) in fields(bytes) {
         let count = match counts.iter_mut().find(|(f, _)| *f == field) {
             Some((_, c)) => {
                 *c += 1;
