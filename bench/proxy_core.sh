@@ -14,7 +14,9 @@
 # Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
 # tensorgate runs with TOKIO_WORKER_THREADS=1, which selects its single-threaded runtime (as
 # `[server] worker_threads = 1` does).
-# Usage: [ROUNDS=3] bench/proxy_core.sh [SECONDS_PER_RUN]   (default 8)
+# Usage: [ROUNDS=3] [CONNS=32] [PATHS="name ..."] bench/proxy_core.sh [SECONDS_PER_RUN]   (default 8)
+#   CONNS: wrk's connections (all paths alike); PATHS: run only the named paths (the names of
+#   the loop at the end, e.g. PATHS="tensorgate_p2 tensorgate_p2_redis"), default all.
 # Access logs stay as each proxy has them by default: on for tensorgate (info), off for nginx
 # only where noted; see the printed table.
 set -euo pipefail
@@ -22,6 +24,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 DUR=${1:-8}
 ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-32}
+PATHS=${PATHS:-}
 OUT=$ROOT/bench/out/core
 rm -rf "$OUT"; mkdir -p "$OUT/nginx-backend" "$OUT/nginx-proxy"
 for tool in wrk nginx taskset redis-server; do
@@ -126,6 +130,7 @@ RUN_NO=0
 # run NAME PORT SEQ PID ROUND [SEQLEN] -> "name round ticks clk rps p50 p99 non2xx requests pin_ops"
 run() {
   local name=$1 port=$2 seq=$3 pid=$4 round=$5 seqlen=${6:-1} before after ops_before ops_after
+  if [ -n "$PATHS" ] && [[ " $PATHS " != *" $name "* ]]; then return 0; fi
   RUN_NO=$((RUN_NO + 1))
   before=$(cpu_ticks "$pid")
   ops_before=$(pin_ops)
@@ -133,7 +138,7 @@ run() {
   # id that changes every SEQLEN requests (bench/simple.lua).
   local script=bench/static.lua
   [ "$seq" = 1 ] && script=bench/simple.lua
-  env SEQ="$seq" SEQLEN="$seqlen" SEQBASE=$((RUN_NO * 100000000)) taskset -c 1 wrk -t1 -c32 -d"${DUR}s" --latency -s "$script" \
+  env SEQ="$seq" SEQLEN="$seqlen" SEQBASE=$((RUN_NO * 100000000)) taskset -c 1 wrk -t1 -c"$CONNS" -d"${DUR}s" --latency -s "$script" \
     "http://127.0.0.1:$port/v2/models/simple/infer" > "$OUT/$name.r$round.txt" 2>&1
   after=$(cpu_ticks "$pid")
   ops_after=$(pin_ops)
@@ -153,4 +158,4 @@ for round in $(seq 1 "$ROUNDS"); do
   run tensorgate_p2x20 "$G" 1 "$GW" "$round" 20
   run tensorgate_p2x20_redis "$GR" 1 "$GWR" "$round" 20
 done
-.venv/bin/python bench/render_core.py "$OUT/rounds.txt" "$DUR"
+CONNS=$CONNS .venv/bin/python bench/render_core.py "$OUT/rounds.txt" "$DUR"

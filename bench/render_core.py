@@ -1,4 +1,5 @@
 """Renders bench/proxy_core.sh's rounds as a Markdown table (stdout)."""
+import os
 import sys
 from statistics import median
 
@@ -31,7 +32,7 @@ labels = [
     ("tensorgate_p2x20", "P2 tensorgate, sequences of 20 requests"),
     ("tensorgate_p2x20_redis", "P2 tensorgate, sequences of 20, shared pins in Redis"),
 ]
-print(f"{len(runs.get('tensorgate_p1', []))} alternating rounds of {dur:g} s, `wrk -t1 -c32 --latency`; medians.\n")
+print(f"{max(map(len, runs.values()), default=0)} alternating rounds of {dur:g} s, `wrk -t1 -c{os.environ.get('CONNS', '32')} --latency`; medians.\n")
 print("| path | req/s | req/s range | p50 | p99 | CPU/req of the proxy (backend for the direct row) | non-2xx |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for name, label in labels:
