@@ -1315,6 +1315,59 @@ async fn an_idle_stream_ends_when_the_gateway_shuts_down() {
     drop(tx);
 }
 
+/// A stream that sends nothing and awaits nothing for `limits.stream_idle_timeout_ms` ends
+/// with UNAVAILABLE after its answers; one that keeps sending stays open past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_ends_after_the_idle_limit() {
+    use futures_util::StreamExt;
+    let (gw, mut c) = start(config(&[], "[limits]\nstream_idle_timeout_ms = 400\n")).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = c
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // Busy for three times the limit: a message every 100 ms, each answered.
+    let started = std::time::Instant::now();
+    for n in 0..12 {
+        tx.send(simple(&[n; 16], &[1; 16])).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
+            .await
+            .expect("an answer")
+            .expect("a message")
+            .expect("not the end");
+        assert_eq!(answer.error_message, "", "message {n}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(1_200));
+    // Then silent, with its side still open.
+    let end = tokio::time::timeout(Duration::from_secs(10), answers.next())
+        .await
+        .expect("the idle stream ends")
+        .expect("a status");
+    let status = end.expect_err("UNAVAILABLE");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::Unavailable,
+            "the stream sent no message and awaited no answer for 400 ms (limits.stream_idle_timeout_ms): send further requests on a new stream"
+        )
+    );
+    drop(tx);
+    // The connection serves a new stream.
+    let again = c
+        .model_stream_infer(futures_util::stream::iter([simple(&[1; 16], &[2; 16])]))
+        .await
+        .unwrap()
+        .into_inner()
+        .next()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.error_message, "");
+    gw.shutdown().await;
+}
+
 /// An error message that echoes a 20,000-character name is cut short: whole, it would
 /// overflow the client's 16 KiB limit on trailers, and the client would see
 /// RESOURCE_EXHAUSTED instead of the real error.

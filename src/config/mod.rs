@@ -272,6 +272,9 @@ pub struct LimitsConfig {
     /// How long a write to a client may wait without progress before the connection is
     /// closed: a client that stops reading an answer does not hold it for ever.
     pub send_timeout_ms: u64,
+    /// How long a gRPC ModelStreamInfer stream may send no message while it awaits no answer
+    /// before it ends with UNAVAILABLE; 0: as long as its connection lives.
+    pub stream_idle_timeout_ms: u64,
     /// After SIGTERM, how long readiness reports 503 while requests are still accepted,
     /// so that load balancers stop sending before the listener closes.
     pub shutdown_delay_ms: u64,
@@ -293,6 +296,7 @@ impl Default for LimitsConfig {
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
             send_timeout_ms: 60_000,
+            stream_idle_timeout_ms: 300_000,
             shutdown_delay_ms: 0,
             drain_timeout_ms: 30_000,
         }

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
 
+use super::stream_end::StreamWatch;
 use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol};
@@ -276,9 +277,6 @@ fn finish(
 }
 
 /// The access-log message of a stream's request that was in flight when the stream ended.
-/// Why a stream ends at shutdown: what its client sent after the answers it has were not read.
-const STREAM_CLOSED: &str = "tensorgate is shutting down: this stream takes no more messages; every message answered on it was run, and any sent after the last answer was not: send those on a new stream";
-
 const STREAM_ENDED: &str = "the stream ended before the answer (the client cancelled it or went away, or an earlier message could not be read)";
 
 /// What a call that ended before its answer is known by: the client's request id, and the
@@ -374,27 +372,27 @@ pub fn stream(
     gw: Arc<Gateway>,
     req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     max_message: usize,
+    idle: Option<Duration>,
 ) -> BoxStream<pb::ModelStreamInferResponse> {
     let ctx = RpcContext::from_headers(req.metadata().as_ref(), tokio::time::Instant::now());
     let peer = PeerAddr::of(req.extensions());
-    // At shutdown a stream takes no more messages: one whose client sends nothing would hold
-    // the drain to its deadline. What was read is answered, then UNAVAILABLE says to send
-    // the rest on a new stream (which reaches another replica).
-    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let closed = {
-        let (closed, cut) = (gw.closed(), cut.clone());
-        async move {
-            closed.await;
-            cut.store(true, std::sync::atomic::Ordering::Release);
-        }
+    // At shutdown, or once idle, a stream takes no more messages: one whose client sends
+    // nothing would hold the drain to its deadline, or its connection's resources for ever.
+    let watch = Arc::new(StreamWatch::new(idle));
+    let ended = {
+        let (closed, watch) = (gw.closed(), watch.clone());
+        async move { watch.end(closed).await }
     };
     // (A stream its client had already ended is not cut: `take_until` stops polling.)
-    let incoming = req.into_inner().take_until(closed);
+    let incoming = req.into_inner().take_until(ended);
     let order = Arc::new(SequenceOrder::default());
+    let watch_end = watch.clone();
     let answers = incoming
         .map(move |m| {
             let gw = gw.clone();
             let ctx = ctx.clone();
+            let watch = watch.clone();
+            watch.arrived();
             let turn = m
                 .as_ref()
                 .ok()
@@ -403,24 +401,23 @@ pub fn stream(
             async move {
                 // A message that could not be read (too large, not protobuf) ends the stream
                 // with its status: what follows it on the wire cannot be trusted either.
-                let msg =
-                    m.map_err(|status| super::routes::as_client_error(status, max_message))?;
+                let msg = m.map_err(|status| {
+                    watch.answered();
+                    super::routes::as_client_error(status, max_message)
+                })?;
                 let (wait, done) = match turn {
                     Some((wait, done)) => (wait, Some(done)),
                     None => (None, None),
                 };
                 let answer = stream_message(&gw, msg, (ctx, peer), wait).await;
                 drop(done);
+                watch.answered();
                 Ok(answer)
             }
         })
         .buffered(STREAM_CONCURRENCY)
         .chain(futures_util::stream::iter(
-            std::iter::from_fn(move || {
-                cut.load(std::sync::atomic::Ordering::Acquire)
-                    .then(|| Err(Status::unavailable(STREAM_CLOSED)))
-            })
-            .take(1),
+            std::iter::from_fn(move || watch_end.status().map(Err)).take(1),
         ))
         // Nothing after the first error: the stream ends with it.
         .scan(

@@ -14,6 +14,7 @@ mod only_grpc;
 mod routes;
 mod rpc_log;
 mod statistics;
+mod stream_end;
 mod unary;
 mod whole_messages;
 
@@ -267,10 +268,15 @@ impl GrpcInferenceService for GrpcFront {
         &self,
         req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        // Read per stream, so that a reload applies to the streams opened after it.
+        let idle = Some(self.gw.config().limits.stream_idle_timeout_ms)
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis);
         Ok(Response::new(infer::stream(
             self.gw.clone(),
             req,
             self.max_message,
+            idle,
         )))
     }
 
