@@ -104,6 +104,12 @@ enum Command {
         /// blocking pool, sized by each model's instance_group count.
         #[arg(long, value_name = "N", default_value_t = 0, value_parser = worker_threads)]
         worker_threads: usize,
+        /// Address of a Prometheus /metrics listener for this worker's models (the
+        /// nv_inference_* series, as Triton's port 8002 has them); off by default, so that
+        /// several workers on one host need no ports but their own. The log level is
+        /// RUST_LOG's (default info).
+        #[arg(long, value_name = "ADDR", value_parser = optional_address)]
+        metrics_listen: Option<OptionalAddress>,
     },
     /// Check a config file and print each error with its line number, then check that
     /// every file it names (certificates, keys, tokens, labels) can be read from the
@@ -400,6 +406,7 @@ fn main() -> ExitCode {
             sequence_idle_timeout_ms,
             model_repository,
             worker_threads,
+            metrics_listen,
         } => {
             if let Some(dir) = model_repository.as_deref().filter(|d| !d.is_dir()) {
                 eprintln!("--model-repository {}: not a directory", dir.display());
@@ -413,12 +420,14 @@ fn main() -> ExitCode {
             }
             let mut c = Config::worker(listen, &models);
             c.server.worker_threads = worker_threads;
+            c.server.metrics_listen = metrics_listen.and_then(|OptionalAddress(a)| a);
+            let with_metrics = c.server.metrics_listen.is_some();
             c.set_sequence_idle_timeout(std::time::Duration::from_millis(sequence_idle_timeout_ms));
             if let Some(dir) = &model_repository {
                 c.set_model_repository(dir)
                     .expect("a worker's config has the built-in backend");
             }
-            (c, false, None)
+            (c, with_metrics, None)
         }
     };
     tensorgate::run::prepare_process(&config);

@@ -100,3 +100,44 @@ fn the_option_is_documented_and_checked() {
         );
     }
 }
+
+/// `tensorgate worker --metrics-listen`: the worker's own /metrics, with its models' series
+/// counting what it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_its_metrics_when_asked() {
+    let port = free_port("127.0.0.1");
+    let addr = format!("127.0.0.1:{port}");
+    let w = Worker::start_with(
+        "metrics",
+        "127.0.0.1",
+        0,
+        &["simple"],
+        &["--metrics-listen", &addr],
+        &[],
+    )
+    .await;
+    let client = http_client();
+    for x in 0..3 {
+        assert_eq!(infer_simple(&client, &w.url, x).await.status, 200);
+    }
+    let text = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .expect("the worker's metrics answer")
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == r#"nv_inference_request_success{model="simple",version="1"} 3"#),
+        "{text}"
+    );
+    let bin = env!("CARGO_BIN_EXE_tensorgate");
+    let help = Command::new(bin)
+        .args(["worker", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--metrics-listen <ADDR>"), "{help}");
+}
