@@ -34,6 +34,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub grpc_requests: IntCounterVec,
     pub in_flight: IntGauge,
+    pub buffered_body_bytes: IntGauge,
+    pub buffered_body_limit: IntGauge,
     pub duration: HistogramVec,
     pub backend_healthy: IntGaugeVec,
     pub backend_ejected: IntGaugeVec,
@@ -183,6 +185,22 @@ impl Metrics {
                 IntGauge::new(
                     "tensorgate_http_requests_in_flight",
                     "HTTP requests and gRPC inference requests being handled",
+                )
+                .expect("valid metric"),
+            ),
+            buffered_body_bytes: reg(
+                &r,
+                IntGauge::new(
+                    "tensorgate_buffered_body_bytes",
+                    "Bytes of request bodies held in memory (received, or inflated, and not yet answered)",
+                )
+                .expect("valid metric"),
+            ),
+            buffered_body_limit: reg(
+                &r,
+                IntGauge::new(
+                    "tensorgate_buffered_body_limit_bytes",
+                    "limits.max_buffered_body_bytes as applied: beyond it request bodies are refused with 503",
                 )
                 .expect("valid metric"),
             ),

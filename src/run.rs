@@ -178,6 +178,10 @@ pub async fn start_with_resolver(
         max_connections = connections,
         "client connections over the REST and gRPC listeners are capped (limits.max_connections)"
     );
+    tracing::info!(
+        max_buffered_body_bytes = gateway.bodies.limit(),
+        "request bodies held in memory at once are capped (limits.max_buffered_body_bytes)"
+    );
     let options = ServeOptions {
         tls: tls.clone(),
         header_read_timeout: Duration::from_millis(config.limits.header_read_timeout_ms),

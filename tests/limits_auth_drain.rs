@@ -962,3 +962,78 @@ async fn a_client_that_stops_reading_is_cut_off() {
     assert!(got < N, "only what the buffers held arrived: {got} bytes");
     gw.shutdown().await;
 }
+
+/// `limits.max_buffered_body_bytes` bounds the request bodies held at once across all
+/// requests: while one client's large body is arriving, another body that would exceed the
+/// budget gets 503 with Retry-After; once the first is gone, the same request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_share_one_memory_budget() {
+    const BUDGET: usize = 1 << 20;
+    let gw = gateway(|c| {
+        c.limits.max_body_bytes = BUDGET;
+        c.limits.max_buffered_body_bytes = BUDGET;
+    })
+    .await;
+    let addr = gw.addr;
+    let gauge = gw.gateway.metrics.buffered_body_bytes.clone();
+    assert_eq!(gw.gateway.metrics.buffered_body_limit.get(), BUDGET as i64);
+
+    // 800 KB of a 900 KB body, then nothing until told to go away.
+    let (go, gone) = std::sync::mpsc::channel::<()>();
+    let large = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "POST /v2/models/identity_fp32/infer HTTP/1.1\r\nhost: a\r\ncontent-length: 900000\r\n\r\n"
+        )
+        .unwrap();
+        s.write_all(&vec![b' '; 800_000]).unwrap();
+        let _ = gone.recv_timeout(Duration::from_secs(30));
+    });
+    let mut waited = 0;
+    while gauge.get() < 800_000 && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert!(gauge.get() >= 800_000, "held {}", gauge.get());
+
+    let n = 150_000;
+    let zeros = vec!["0"; n].join(",");
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","data":[{zeros}]}}]}}"#
+    );
+    assert!(body.len() > BUDGET - gauge.get() as usize && body.len() < BUDGET);
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("http://{addr}/v2/models/identity_fp32/infer"))
+            .body(body.clone())
+            .send()
+    };
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(
+        refused.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({"error": format!("tensorgate holds its limit of {BUDGET} bytes of request bodies (limits.max_buffered_body_bytes); retry later")})
+    );
+
+    go.send(()).unwrap();
+    large.join().unwrap();
+    let mut served = None;
+    for _ in 0..50 {
+        let r = send().await.unwrap();
+        if r.status() == 200 {
+            served = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let served = served.expect("served once the large body is gone");
+    assert_eq!(served.status(), 200);
+    let answer: serde_json::Value = served.json().await.unwrap();
+    assert_eq!(answer["outputs"][0]["shape"], serde_json::json!([1, n]));
+    // Every body answered, or gone, has given its share back.
+    assert_eq!(gauge.get(), 0);
+    gw.shutdown().await;
+}

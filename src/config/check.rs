@@ -392,6 +392,12 @@ fn check_bounds(config: &Config) -> Vec<String> {
         }
     }
     errors.extend(shared_listener_ports(&config.server));
+    if l.max_buffered_body_bytes > 0 && l.max_buffered_body_bytes < l.max_body_bytes {
+        errors.push(format!(
+            "limits.max_buffered_body_bytes must be 0 (half the memory) or at least limits.max_body_bytes ({}), not {}: a body of the largest size could never be read",
+            l.max_body_bytes, l.max_buffered_body_bytes
+        ));
+    }
     if config.server.worker_threads > MAX_WORKER_THREADS {
         errors.push(format!(
             "server.worker_threads must be at most {MAX_WORKER_THREADS}, not {}",
@@ -670,6 +676,19 @@ mod tests {
         ] {
             assert!(parse_and_check(&format!("[server]\n{fine}\n")).is_ok(), "{fine}");
         }
+    }
+
+    /// A budget for all bodies smaller than one body would refuse the largest ones forever.
+    #[test]
+    fn the_body_budget_holds_at_least_one_body() {
+        assert_eq!(
+            errors("[limits]\nmax_body_bytes = 1000\nmax_buffered_body_bytes = 999\n"),
+            ["line 3: limits.max_buffered_body_bytes must be 0 (half the memory) or at least limits.max_body_bytes (1000), not 999: a body of the largest size could never be read"]
+        );
+        assert!(parse_and_check(
+            "[limits]\nmax_body_bytes = 1000\nmax_buffered_body_bytes = 1000\n"
+        )
+        .is_ok());
     }
 
     /// Values that parse but could not work are refused, each naming its key and why.

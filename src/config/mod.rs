@@ -275,6 +275,9 @@ pub struct LimitsConfig {
     /// How long a gRPC ModelStreamInfer stream may send no message while it awaits no answer
     /// before it ends with UNAVAILABLE; 0: as long as its connection lives.
     pub stream_idle_timeout_ms: u64,
+    /// Request bodies held in memory at once, across all requests (503 beyond); 0: half the
+    /// memory the process may use (its cgroup's limit, else the machine's).
+    pub max_buffered_body_bytes: usize,
     /// After SIGTERM, how long readiness reports 503 while requests are still accepted,
     /// so that load balancers stop sending before the listener closes.
     pub shutdown_delay_ms: u64,
@@ -297,6 +300,7 @@ impl Default for LimitsConfig {
             body_read_timeout_ms: 60_000,
             send_timeout_ms: 60_000,
             stream_idle_timeout_ms: 300_000,
+            max_buffered_body_bytes: 0,
             shutdown_delay_ms: 0,
             drain_timeout_ms: 30_000,
         }

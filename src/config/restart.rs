@@ -18,7 +18,7 @@ pub fn keep_restart_only(running: &Config, new: &mut Config) -> Vec<&'static str
         )+};
     }
     compare!(server: listen, metrics_listen, grpc_listen, log_level, log_format, triton_metrics, tls, worker_threads);
-    compare!(limits: max_header_bytes, max_concurrent_requests, max_connections, header_read_timeout_ms, send_timeout_ms, shutdown_delay_ms, drain_timeout_ms);
+    compare!(limits: max_header_bytes, max_buffered_body_bytes, max_concurrent_requests, max_connections, header_read_timeout_ms, send_timeout_ms, shutdown_delay_ms, drain_timeout_ms);
     compare!(fleet: refresh_interval_ms, probe_timeout_ms, unhealthy_after_checks, connect_timeout_ms,
         pool_idle_timeout_ms, eject_after_failures, eject_base_ms, eject_max_ms,
         sequence_idle_timeout_ms, max_sequences, watch_config, tls, pins);

@@ -3,6 +3,7 @@
 //! REST (`crate::rest`) and gRPC (`crate::grpc`) edges sit on top of it.
 
 pub mod auth;
+pub mod body_budget;
 pub mod core;
 pub mod labels;
 pub mod layers;
@@ -49,6 +50,8 @@ pub struct Gateway {
     /// One permit per request being handled; none left means shed (503).
     permits: Arc<tokio::sync::Semaphore>,
     max_concurrent: usize,
+    /// Request bodies held in memory, across all requests.
+    pub bodies: Arc<body_budget::BodyBudget>,
     /// Serializes reloads and DNS rediscoveries: each reconciles the fleet with a config and
     /// must not interleave with another, or an older config could be applied last.
     reload_lock: tokio::sync::Mutex<()>,
@@ -102,6 +105,14 @@ impl Gateway {
         fleet: Arc<Fleet>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
+        let limit = body_budget::budget_limit(
+            config.limits.max_buffered_body_bytes,
+            config.limits.max_body_bytes,
+        );
+        metrics
+            .buffered_body_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
+        let bodies = body_budget::BodyBudget::new(limit, metrics.buffered_body_bytes.clone());
         Ok(Gateway {
             labels: ArcSwap::from_pointee(labels::Labels::load(&config)?),
             router: Router::new(
@@ -125,6 +136,7 @@ impl Gateway {
                 config.limits.max_concurrent_requests.max(1),
             )),
             max_concurrent: config.limits.max_concurrent_requests.max(1),
+            bodies,
             reload_lock: tokio::sync::Mutex::new(()),
             caught_up: tokio::sync::Mutex::new(None),
             config: ArcSwap::new(config),

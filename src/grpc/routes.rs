@@ -172,7 +172,8 @@ where
         } else if service == <GrpcInferenceServiceServer<GrpcFront> as NamedService>::NAME {
             let (svc, max) = (self.inference.clone(), self.max_message);
             let path = req.uri().path().to_string();
-            let req = req.map(|b| WholeMessages::new(b, max));
+            let held = self.gw.bodies.reserve();
+            let req = req.map(|b| WholeMessages::new(b, max).counted(held));
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
                 Ok(log(named_if_unknown(

@@ -25,6 +25,7 @@ use super::infer::{call, parse_grpc_timeout, INFER_PATH};
 use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::error::GatewayError;
+use crate::gateway::body_budget::Reservation;
 use crate::gateway::Gateway;
 use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
 
@@ -67,34 +68,51 @@ const INFLATE_INLINE_UP_TO: usize = 64 << 10;
 
 /// The message as it was before compression, at most `max` bytes of it (a small message
 /// that inflates beyond that is refused as it inflates, without holding what it would
-/// become).
-async fn inflate(bytes: Bytes, encoding: Encoding, max: usize) -> Result<Bytes, GatewayError> {
+/// become), counted in `held` as it inflates.
+async fn inflate(
+    bytes: Bytes,
+    encoding: Encoding,
+    max: usize,
+    held: &mut Reservation,
+) -> Result<Bytes, GatewayError> {
     let inline = encoding == Encoding::Identity || bytes.len() < INFLATE_INLINE_UP_TO;
-    let run = move || {
+    let run = move |held: &mut Reservation| {
         use std::io::Read;
-        let mut out = Vec::new();
         let limit = max as u64 + 1;
-        let read = match encoding {
-            Encoding::Gzip => flate2::read::GzDecoder::new(&bytes[..])
-                .take(limit)
-                .read_to_end(&mut out),
-            Encoding::Deflate => flate2::read::ZlibDecoder::new(&bytes[..])
-                .take(limit)
-                .read_to_end(&mut out),
+        let mut reader: Box<dyn Read> = match encoding {
+            Encoding::Gzip => Box::new(flate2::read::GzDecoder::new(&bytes[..]).take(limit)),
+            Encoding::Deflate => Box::new(flate2::read::ZlibDecoder::new(&bytes[..]).take(limit)),
             Encoding::Identity => return Ok(bytes),
         };
-        read.map_err(|e| not_valid(&format!("Error decompressing: {e}, while sending request")))?;
-        if out.len() > max {
-            return Err(GatewayError::PayloadTooLarge(message_too_large(max, true)));
+        let mut out = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            let n = reader.read(&mut chunk).map_err(|e| {
+                not_valid(&format!("Error decompressing: {e}, while sending request"))
+            })?;
+            if n == 0 {
+                break;
+            }
+            if out.len() + n > max {
+                return Err(GatewayError::PayloadTooLarge(message_too_large(max, true)));
+            }
+            out.reserve(n);
+            held.hold(out.capacity())?;
+            out.extend_from_slice(&chunk[..n]);
         }
         Ok(Bytes::from(out))
     };
     if inline {
-        run()
+        run(held)
     } else {
-        tokio::task::spawn_blocking(run).await.map_err(|e| {
-            GatewayError::Internal(format!("inflating the request message failed: {e}"))
-        })?
+        let mut moved = std::mem::take(held);
+        let (inflated, back) = tokio::task::spawn_blocking(move || (run(&mut moved), moved))
+            .await
+            .map_err(|e| {
+                GatewayError::Internal(format!("inflating the request message failed: {e}"))
+            })?;
+        *held = back;
+        inflated
     }
 }
 
@@ -113,7 +131,9 @@ where
         .headers
         .get("grpc-timeout")
         .and_then(|v| parse_grpc_timeout(v.as_bytes()));
-    let read = read_message(body, max, encoding != Encoding::Identity);
+    // The message counts against the budget for bodies until its answer is ready.
+    let mut held = gw.bodies.reserve();
+    let read = read_message(body, max, encoding != Encoding::Identity, &mut held);
     let read = match deadline {
         None => read.await,
         Some(wait) => tokio::time::timeout(wait, read).await.unwrap_or_else(|_| {
@@ -133,7 +153,7 @@ where
     let read = async {
         let (compressed, bytes) = bytes?;
         let bytes = if compressed {
-            inflate(bytes, encoding, max).await?
+            inflate(bytes, encoding, max, &mut held).await?
         } else {
             bytes
         };
@@ -198,6 +218,7 @@ async fn read_message<B>(
     body: B,
     max: usize,
     may_be_compressed: bool,
+    held: &mut Reservation,
 ) -> Result<(bool, Bytes), ReadFailure>
 where
     B: http_body::Body<Data = Bytes>,
@@ -223,6 +244,7 @@ where
             }
             if let Some((len, buf)) = &mut message {
                 let take = (*len - buf.len()).min(data.len());
+                held.hold(buf.capacity().max(buf.len() + take))?;
                 buf.extend_from_slice(&data.split_to(take));
                 if buf.len() == *len {
                     whole = message.take().map(|(_, buf)| buf.freeze());
@@ -255,9 +277,12 @@ where
             }
             if data.len() >= len {
                 // The usual small message: all of it in this frame, kept without a copy.
+                held.hold(len)?;
                 whole = Some(data.split_to(len));
             } else {
-                let mut buf = BytesMut::with_capacity(crate::body::initial_capacity(len));
+                let capacity = crate::body::initial_capacity(len).max(data.len());
+                held.hold(capacity)?;
+                let mut buf = BytesMut::with_capacity(capacity);
                 buf.extend_from_slice(&data.split_to(data.len()));
                 message = Some((len, buf));
             }
@@ -392,7 +417,7 @@ mod tests {
     }
 
     fn read(chunks: &[&[u8]], max: usize) -> Result<Bytes, String> {
-        read_message(body(chunks), max, false)
+        read_message(body(chunks), max, false, &mut Reservation::default())
             .now_or_never()
             .expect("a ready body")
             .map(|(_, bytes)| bytes)
@@ -433,6 +458,7 @@ mod tests {
             StreamBody::new(futures_util::stream::iter(frames)),
             100,
             false,
+            &mut Reservation::default(),
         )
         .now_or_never()
         .expect("a ready body")
@@ -463,7 +489,7 @@ mod tests {
     }
 
     fn inflated(encoding: Encoding, data: Bytes, max: usize) -> Result<Bytes, String> {
-        inflate(data, encoding, max)
+        inflate(data, encoding, max, &mut Reservation::default())
             .now_or_never()
             .expect("inline for small messages")
             .map_err(|e| format!("{:?} {}", e.grpc_code(), e.message()))
@@ -502,8 +528,46 @@ mod tests {
         let message: Vec<u8> = (0..200_000).map(|_| rng.u8(..)).collect();
         let wire = compress(Encoding::Gzip, &message);
         assert!(wire.len() >= INFLATE_INLINE_UP_TO);
-        let inflated = inflate(wire, Encoding::Gzip, 1 << 20).await.unwrap();
+        let inflated = inflate(wire, Encoding::Gzip, 1 << 20, &mut Reservation::default())
+            .await
+            .unwrap();
         assert_eq!(inflated, &message[..]);
+    }
+
+    /// What a message inflates to counts against the gateway's budget for bodies as it
+    /// inflates, on the blocking pool too: past the budget it is UNAVAILABLE (the gateway's
+    /// state, not the client's error), and what it held is given back.
+    #[tokio::test(flavor = "current_thread")]
+    async fn inflating_counts_against_the_budget_for_bodies() {
+        use crate::gateway::body_budget::BodyBudget;
+        let gauge = prometheus::IntGauge::new("held", "held").unwrap();
+        let budget = BodyBudget::new(150_000, gauge.clone());
+        let mut rng = fastrand::Rng::with_seed(7);
+        let message: Vec<u8> = (0..200_000).map(|_| rng.u8(..)).collect();
+        let wire = compress(Encoding::Gzip, &message);
+        let mut held = budget.reserve();
+        let refused = inflate(wire.clone(), Encoding::Gzip, 1 << 20, &mut held)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (refused.grpc_code(), refused.message()),
+            (
+                tonic::Code::Unavailable,
+                "tensorgate holds its limit of 150000 bytes of request bodies (limits.max_buffered_body_bytes); retry later"
+            )
+        );
+        drop(held);
+        assert_eq!(gauge.get(), 0);
+
+        let budget = BodyBudget::new(1 << 20, gauge.clone());
+        let mut held = budget.reserve();
+        let inflated = inflate(wire, Encoding::Gzip, 1 << 20, &mut held)
+            .await
+            .unwrap();
+        assert_eq!(inflated.len(), 200_000);
+        assert!(gauge.get() >= 200_000, "{}", gauge.get());
+        drop(held);
+        assert_eq!(gauge.get(), 0);
     }
 
     /// The body's own bounds are the client's error; a broken stream is no one's to answer.

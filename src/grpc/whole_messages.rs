@@ -5,6 +5,8 @@
 //! is held back, growing with what has arrived, until it is complete (or declares more than
 //! tonic accepts, which tonic then refuses at once); tonic's reservation then matches bytes
 //! that are really there. Complete messages at the start of a frame pass without a copy.
+//! What is held back counts against the gateway's budget for bodies (`counted`); a message
+//! that would exceed it ends the call with UNAVAILABLE.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,6 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::body::BoxError;
+use crate::gateway::body_budget::Reservation;
 
 const HEADER: usize = 5;
 
@@ -26,6 +29,7 @@ pin_project! {
         // Declared lengths above this go to tonic at once, to be refused.
         max_message: usize,
         ended: bool,
+        held: Reservation,
     }
 }
 
@@ -36,7 +40,14 @@ impl<B> WholeMessages<B> {
             pending: BytesMut::new(),
             max_message,
             ended: false,
+            held: Reservation::default(),
         }
+    }
+
+    /// Counts what is held back in `held`.
+    pub fn counted(mut self, held: Reservation) -> Self {
+        self.held = held;
+        self
     }
 }
 
@@ -74,7 +85,10 @@ where
         loop {
             let ready = releasable(this.pending, *this.max_message);
             if ready > 0 {
-                return Poll::Ready(Some(Ok(Frame::data(this.pending.split_to(ready).freeze()))));
+                let whole = this.pending.split_to(ready).freeze();
+                // Handed on: no longer held here (shrinking always succeeds).
+                let _ = this.held.hold(this.pending.capacity());
+                return Poll::Ready(Some(Ok(Frame::data(whole))));
             }
             if *this.ended {
                 // A message cut short: tonic says so ("Unexpected EOF").
@@ -93,11 +107,17 @@ where
                             }
                             let whole = data.split_to(ready);
                             this.pending.extend_from_slice(&data);
+                            if let Err(e) = this.held.hold(this.pending.capacity()) {
+                                return Poll::Ready(Some(Err(Box::new(e.to_grpc()))));
+                            }
                             if !whole.is_empty() {
                                 return Poll::Ready(Some(Ok(Frame::data(whole))));
                             }
                         } else {
                             this.pending.extend_from_slice(data.chunk());
+                            if let Err(e) = this.held.hold(this.pending.capacity()) {
+                                return Poll::Ready(Some(Err(Box::new(e.to_grpc()))));
+                            }
                         }
                     }
                     // Trailers: whatever is pending first would be a message cut short,
@@ -201,5 +221,44 @@ mod tests {
             "{}",
             body.pending.capacity()
         );
+    }
+
+    /// What is held back counts against the budget for bodies, is given back as whole
+    /// messages go on, and a message that would exceed the budget ends the call.
+    #[tokio::test]
+    async fn what_is_held_back_counts_against_the_budget() {
+        use crate::gateway::body_budget::BodyBudget;
+        let gauge = prometheus::IntGauge::new("held", "held").unwrap();
+        let budget = BodyBudget::new(4096, gauge.clone());
+        let m = message(1000);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rx = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut body = WholeMessages::new(StreamBody::new(rx), 1 << 20).counted(budget.reserve());
+        tx.send(Ok::<_, std::convert::Infallible>(Frame::data(
+            Bytes::copy_from_slice(&m[..500]),
+        )))
+        .unwrap();
+        assert!(futures_util::FutureExt::now_or_never(body.frame()).is_none());
+        assert!(gauge.get() >= 500, "{}", gauge.get());
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&m[500..]))))
+            .unwrap();
+        let whole = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(whole.len(), m.len());
+        assert_eq!(gauge.get(), body.pending.capacity() as i64);
+
+        let big = message(10_000);
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&big[..6000]))))
+            .unwrap();
+        let refused = body.frame().await.unwrap().unwrap_err();
+        let status = refused.downcast::<tonic::Status>().unwrap();
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                tonic::Code::Unavailable,
+                "tensorgate holds its limit of 4096 bytes of request bodies (limits.max_buffered_body_bytes); retry later"
+            )
+        );
+        drop(body);
+        assert_eq!(gauge.get(), 0);
     }
 }

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::body::{error_response, Body, BoxError};
 use crate::error::GatewayError;
+use crate::gateway::body_budget::Reservation;
 use crate::gateway::layers::{AuthLayer, Policy, ShedLayer};
 use crate::gateway::{observe, Gateway, Raised, BACKEND_HEADER};
 use routes::{Route, RouteError};
@@ -334,7 +335,9 @@ where
             let config = gw.config();
             // Refused here, before the core's lookup: `handle` still counts it against the
             // model the path names.
-            let (parts, body, header_length) = read_infer_body(&config, req).await?;
+            // The body counts against the budget for bodies until its answer is ready.
+            let mut held = gw.bodies.reserve();
+            let (parts, body, header_length) = read_infer_body(&config, req, &mut held).await?;
             obs.bytes_in = body.len() as u64;
             // Admitted once the body is here (`RestPolicy`), held until the answer.
             let _permit = gw.admit()?;
@@ -359,6 +362,7 @@ where
 async fn read_infer_body<B>(
     config: &crate::config::Config,
     req: Request<B>,
+    held: &mut Reservation,
 ) -> Result<(http::request::Parts, Bytes, Option<usize>), GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -367,7 +371,7 @@ where
     check_content_encoding(&req)?;
     let header_length = infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
     let (parts, body) = req.into_parts();
-    let body = read_in_time(config, body, config.limits.max_body_bytes).await?;
+    let body = read_in_time(config, body, config.limits.max_body_bytes, held).await?;
     Ok((parts, body, header_length))
 }
 
@@ -383,13 +387,14 @@ async fn read_in_time<B>(
     config: &crate::config::Config,
     body: B,
     max: usize,
+    held: &mut Reservation,
 ) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let timeout = config.limits.body_read_timeout_ms;
-    tokio::time::timeout(Duration::from_millis(timeout), read_body(body, max))
+    tokio::time::timeout(Duration::from_millis(timeout), read_body(body, max, held))
         .await
         .map_err(|_| {
             GatewayError::RequestTimeout(format!(
@@ -413,7 +418,8 @@ where
     B::Error: Into<BoxError>,
 {
     check_content_encoding(&req)?;
-    let bytes = read_in_time(&gw.config(), req.into_body(), CONTROL_BODY_LIMIT)
+    let mut held = gw.bodies.reserve();
+    let bytes = read_in_time(&gw.config(), req.into_body(), CONTROL_BODY_LIMIT, &mut held)
         .await
         .map_err(|e| match e {
             GatewayError::PayloadTooLarge(_) => GatewayError::PayloadTooLarge(format!(
@@ -458,8 +464,9 @@ fn check_content_encoding<B>(req: &Request<B>) -> Result<(), GatewayError> {
     }
 }
 
-/// Reads a whole request body, refusing more than `max` bytes (after decompression).
-async fn read_body<B>(body: B, max: usize) -> Result<Bytes, GatewayError>
+/// Reads a whole request body, refusing more than `max` bytes (after decompression), and
+/// more than `held` can hold of the gateway's budget for bodies.
+async fn read_body<B>(body: B, max: usize, held: &mut Reservation) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -501,15 +508,18 @@ where
             continue; // trailers carry nothing for v2
         };
         if let Some(buf) = joined.as_mut() {
+            held.hold(buf.len() + data.len())?;
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {
             let capacity =
                 crate::body::initial_capacity(expected as usize).max(head.len() + data.len());
+            held.hold(capacity)?;
             let mut buf = bytes::BytesMut::with_capacity(capacity);
             buf.extend_from_slice(&head);
             buf.extend_from_slice(&data);
             joined = Some(buf);
         } else {
+            held.hold(data.len())?;
             first = Some(data);
         }
     }
@@ -570,26 +580,47 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_are_read_whole_and_within_the_limit() {
-        let one = read_body(http_body_util::Full::new(Bytes::from_static(b"abc")), 10)
-            .await
-            .unwrap();
+        let one = read_body(
+            http_body_util::Full::new(Bytes::from_static(b"abc")),
+            10,
+            &mut Reservation::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(one, "abc");
-        let joined = read_body(chunked(&[b"ab", b"", b"cde", b"f"]), 10)
-            .await
-            .unwrap();
+        let joined = read_body(
+            chunked(&[b"ab", b"", b"cde", b"f"]),
+            10,
+            &mut Reservation::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(joined, "abcdef");
-        assert_eq!(read_body(chunked(&[]), 10).await.unwrap(), "");
-        let over = read_body(chunked(&[b"abcdef", b"ghijk"]), 10)
-            .await
-            .unwrap_err();
+        assert_eq!(
+            read_body(chunked(&[]), 10, &mut Reservation::default())
+                .await
+                .unwrap(),
+            ""
+        );
+        let over = read_body(
+            chunked(&[b"abcdef", b"ghijk"]),
+            10,
+            &mut Reservation::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(
             over.message(),
             "request body is larger than the limit of 10 bytes (limits.max_body_bytes)"
         );
         // A declared length over the limit is refused before reading.
-        let declared = read_body(http_body_util::Full::new(Bytes::from_static(&[0; 11])), 10)
-            .await
-            .unwrap_err();
+        let declared = read_body(
+            http_body_util::Full::new(Bytes::from_static(&[0; 11])),
+            10,
+            &mut Reservation::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(declared.message(), over.message());
     }
 }

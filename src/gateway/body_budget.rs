@@ -1,0 +1,188 @@
+//! One bound, across every request, on the request bodies held in memory
+//! (`limits.max_buffered_body_bytes`). `max_body_bytes` bounds one body and
+//! `max_concurrent_requests` how many are handled, but their product (256 GiB by default) is
+//! no bound at all: many clients sending large tensors at once, or small compressed bodies
+//! that inflate to the limit, would get the process killed for memory, and with it every
+//! other request. With the budget spent, a body that needs more is refused with 503 and
+//! `Retry-After` (UNAVAILABLE over gRPC), as shedding is, and the bodies already here finish.
+//!
+//! A body's bytes are counted as they arrive (and as a compressed one inflates), and stay
+//! counted until its request is answered.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use prometheus::IntGauge;
+
+use crate::error::GatewayError;
+
+pub struct BodyBudget {
+    limit: usize,
+    held: AtomicUsize,
+    gauge: IntGauge,
+}
+
+impl BodyBudget {
+    pub fn new(limit: usize, gauge: IntGauge) -> Arc<Self> {
+        gauge.set(0);
+        Arc::new(BodyBudget {
+            limit,
+            held: AtomicUsize::new(0),
+            gauge,
+        })
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// A reservation of nothing yet, for one body.
+    pub fn reserve(self: &Arc<Self>) -> Reservation {
+        Reservation {
+            budget: Some(self.clone()),
+            held: 0,
+        }
+    }
+
+    fn take(&self, more: usize) -> bool {
+        let taken = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(more).filter(|&total| total <= self.limit)
+            })
+            .is_ok();
+        if taken {
+            self.gauge.add(more as i64);
+        }
+        taken
+    }
+
+    fn give_back(&self, less: usize) {
+        self.held.fetch_sub(less, Ordering::AcqRel);
+        self.gauge.sub(less as i64);
+    }
+}
+
+/// The part of the budget one body holds; given back when dropped.
+#[derive(Default)]
+pub struct Reservation {
+    /// `None`: counts nothing (a caller without a gateway, such as a unit test).
+    budget: Option<Arc<BodyBudget>>,
+    held: usize,
+}
+
+impl Reservation {
+    /// Holds `total` bytes for this body from now on (more or fewer than before). Fails,
+    /// holding what it held, when the budget has not the difference left.
+    pub fn hold(&mut self, total: usize) -> Result<(), GatewayError> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        if total > self.held {
+            if !budget.take(total - self.held) {
+                return Err(GatewayError::Unavailable(format!(
+                    "tensorgate holds its limit of {} bytes of request bodies (limits.max_buffered_body_bytes); retry later",
+                    budget.limit
+                )));
+            }
+        } else {
+            budget.give_back(self.held - total);
+        }
+        self.held = total;
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.give_back(self.held);
+        }
+    }
+}
+
+/// `limits.max_buffered_body_bytes`, or (0) half the memory this process may use (its
+/// cgroup's limit, else the machine's), and never less than one largest body.
+pub fn budget_limit(configured: usize, max_body: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    let half = memory_available().map_or(usize::MAX, |m| (m / 2) as usize);
+    half.max(max_body)
+}
+
+fn memory_available() -> Option<u64> {
+    // cgroup v2, then v1: a container's limit, far below the machine's memory.
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .find_map(|text| text.trim().parse::<u64>().ok());
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total(&text));
+    match (cgroup, machine) {
+        // v1 reports "no limit" as a huge number.
+        (Some(c), Some(m)) => Some(c.min(m)),
+        (c, m) => c.or(m),
+    }
+}
+
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(limit: usize) -> Arc<BodyBudget> {
+        BodyBudget::new(limit, IntGauge::new("held", "held").unwrap())
+    }
+
+    #[test]
+    fn bodies_share_the_budget_and_give_it_back() {
+        let b = budget(100);
+        let mut one = b.reserve();
+        let mut two = b.reserve();
+        one.hold(60).unwrap();
+        let refused = two.hold(41).unwrap_err();
+        assert_eq!(
+            refused.message(),
+            "tensorgate holds its limit of 100 bytes of request bodies (limits.max_buffered_body_bytes); retry later"
+        );
+        assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        two.hold(40).unwrap();
+        assert_eq!(b.gauge.get(), 100);
+        // A body that shrinks (a message handed on) gives back the difference.
+        one.hold(10).unwrap();
+        assert_eq!(b.gauge.get(), 50);
+        drop(one);
+        drop(two);
+        assert_eq!(b.held.load(Ordering::Acquire), 0);
+        assert_eq!(b.gauge.get(), 0);
+        assert!(b.reserve().hold(100).is_ok());
+    }
+
+    #[test]
+    fn a_reservation_without_a_budget_counts_nothing() {
+        assert!(Reservation::default().hold(usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn the_default_is_half_the_memory_and_at_least_one_body() {
+        assert_eq!(budget_limit(123, 1 << 30), 123);
+        let auto = budget_limit(0, 1);
+        let total = mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap();
+        assert!(auto as u64 <= total / 2 && auto > 0, "{auto}");
+        assert_eq!(budget_limit(0, usize::MAX), usize::MAX);
+        assert_eq!(
+            mem_total("MemFree: 5 kB\nMemTotal:       16384 kB\n"),
+            Some(16 << 20)
+        );
+    }
+}
