@@ -584,13 +584,13 @@ fn corpus() -> Vec<Case> {
     ));
     v.push(at(
         case(
-            "bare NaN",
-            br#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[NaN]}]}"#
+            "bare NaN in integer data",
+            br#"{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,1],"data":[NaN]}]}"#
                 .to_vec(),
             400,
             "write non-finite floats as the strings",
         ),
-        "/v2/models/identity_fp32/infer",
+        "/v2/models/identity_int32/infer",
     ));
     v.push(at(case("classification of BOOL", br#"{"inputs":[{"name":"INPUT0","datatype":"BOOL","shape":[1,1],"data":[true]}],"outputs":[{"name":"OUTPUT0","parameters":{"classification":2}}]}"#.to_vec(), 400, "classification is not supported for datatype BOOL"), "/v2/models/identity_bool/infer"));
     let mut br = case(

@@ -120,6 +120,18 @@ def test_identity_nan_and_inf_binary(gw_builtin, kind):
     assert bits(result.as_numpy("OUTPUT0")) == bits(x)
 
 
+@pytest.mark.parametrize("kind", ["fp16", "fp32", "fp64"])
+def test_identity_nan_and_inf_json(gw_builtin, kind):
+    """tritonclient writes NaN and infinities in JSON data as Python's bare literals, which
+    Triton reads; so does tensorgate, and the values come back bit for bit."""
+    x = np.array([[np.nan, np.inf, -np.inf, 1.5]], dtype=kind.replace("fp", "float"))
+    result = gw_builtin.infer(f"identity_{kind}", [make_input("INPUT0", x, kind.upper(), False)],
+                              outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    got = result.as_numpy("OUTPUT0")
+    assert got.dtype == x.dtype
+    assert bits(got) == bits(x), f"sent {x} got {got}"
+
+
 @pytest.mark.parametrize("out_bin", [True, False], ids=["out-binary", "out-json"])
 def test_identity_bf16(gw_builtin, out_bin):
     """tritonclient sends BF16 only in binary (an ml_dtypes.bfloat16 array); tensorgate can

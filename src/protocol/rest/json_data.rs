@@ -4,11 +4,13 @@
 //! that text once, without building a `serde_json::Value` per element. Nested and flat arrays
 //! are both accepted and only leaves are counted, as Triton does.
 //!
-//! Non-finite floats: JSON has no literal for them, so tensorgate reads and writes the strings
-//! `"NaN"`, `"Infinity"` and `"-Infinity"` in float tensors (numpy and Python's `float()` parse
-//! them). Bare `NaN` literals are not JSON and requests with them are rejected with a hint;
-//! in backends' responses (Triton writes them) `decode::quote_non_finite` first turns those
-//! in `data` arrays into the strings, so this module only ever sees the strings.
+//! Non-finite floats: JSON has no literal for them, so tensorgate writes the strings `"NaN"`,
+//! `"Infinity"` and `"-Infinity"` in float tensors (numpy and Python's `float()` parse them)
+//! and reads them. It also reads the bare literals `NaN`, `Infinity` and `-Infinity` in a
+//! `data` array, which are not JSON but are what Python's json module (and so tritonclient)
+//! writes, and what Triton reads; in any other tensor type they are an error that says so.
+//! In backends' responses, which serde reads first, `decode::quote_non_finite` turns the
+//! literals into the strings.
 
 use half::{bf16, f16};
 
@@ -22,6 +24,8 @@ enum Leaf<'a> {
     Number(&'a [u8]),
     /// The text between the quotes, and whether it contains escapes.
     String(&'a [u8], bool),
+    /// A bare `NaN`, `Infinity` or `-Infinity`: its value and its text.
+    NonFinite(f64, &'static str),
     True,
     False,
     Null,
@@ -32,6 +36,7 @@ impl Leaf<'_> {
         match self {
             Leaf::Number(t) => format!("the number {}", String::from_utf8_lossy(t)),
             Leaf::String(..) => "a string".to_string(),
+            Leaf::NonFinite(_, text) => format!("the bare literal {text}"),
             Leaf::True => "true".to_string(),
             Leaf::False => "false".to_string(),
             Leaf::Null => "null".to_string(),
@@ -127,6 +132,12 @@ where
                 count += 1;
                 pos = i + 1;
             }
+            b'N' | b'I' | b'-' if non_finite_literal(&s[pos..]).is_some() => {
+                let (value, text) = non_finite_literal(&s[pos..]).expect("just matched");
+                leaf(Leaf::NonFinite(value, text), count)?;
+                count += 1;
+                pos += text.len();
+            }
             b't' | b'f' | b'n' => {
                 let (lit, word): (Leaf, &[u8]) = match b {
                     b't' => (Leaf::True, b"true"),
@@ -173,6 +184,17 @@ where
         }
     }
     Ok((count, pos))
+}
+
+/// The bare non-finite literal at the start of `s`, if there is one.
+fn non_finite_literal(s: &[u8]) -> Option<(f64, &'static str)> {
+    [
+        (f64::NAN, "NaN"),
+        (f64::INFINITY, "Infinity"),
+        (f64::NEG_INFINITY, "-Infinity"),
+    ]
+    .into_iter()
+    .find(|(_, text)| s.starts_with(text.as_bytes()))
 }
 
 /// Only whitespace may follow the array.
@@ -476,6 +498,7 @@ fn float_value(leaf: Leaf, i: u64, dt: DataType) -> Result<f64> {
                 format!("({}) is not a valid JSON number", tok_str(tok)),
             )),
         },
+        Leaf::NonFinite(v, _) => Ok(v),
         Leaf::String(b"NaN", false) => Ok(f64::NAN),
         Leaf::String(b"Infinity", false) => Ok(f64::INFINITY),
         Leaf::String(b"-Infinity", false) => Ok(f64::NEG_INFINITY),
@@ -778,6 +801,56 @@ mod tests {
             err(r#"["nan"]"#, DataType::Fp32),
             r#"data element 0 is a string; FP32 needs a number, or "NaN", "Infinity" or "-Infinity""#
         );
+    }
+
+    /// The bare literals Python writes (tritonclient with `binary_data=False`), flat and
+    /// nested, among numbers and strings; in other types, an error that names them.
+    #[test]
+    fn bare_non_finite_literals_are_read_in_float_data() {
+        let text = "[NaN, 1.5, [Infinity,-Infinity], \"NaN\" ,-2]";
+        for dt in [
+            DataType::Fp16,
+            DataType::Bf16,
+            DataType::Fp32,
+            DataType::Fp64,
+        ] {
+            let (b, n) = parse(text, dt).unwrap_or_else(|e| panic!("{dt}: {e}"));
+            assert_eq!(n, 6, "{dt}");
+            let width = dt.fixed_size().unwrap();
+            let v: Vec<f64> = b
+                .chunks(width)
+                .map(|c| match dt {
+                    DataType::Fp16 => f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+                    DataType::Bf16 => bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+                    DataType::Fp32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
+                    _ => f64::from_le_bytes(c.try_into().unwrap()),
+                })
+                .collect();
+            assert!(v[0].is_nan() && v[4].is_nan(), "{dt} {v:?}");
+            assert_eq!(
+                [v[1], v[2], v[3], v[5]],
+                [1.5, f64::INFINITY, f64::NEG_INFINITY, -2.0],
+                "{dt}"
+            );
+        }
+        assert_eq!(
+            err("[1, NaN]", DataType::Int32),
+            "data element 1 is the bare literal NaN; INT32 needs a number"
+        );
+        assert_eq!(
+            err("[-Infinity]", DataType::Bytes),
+            "data element 0 is the bare literal -Infinity; BYTES needs a string"
+        );
+        assert_eq!(
+            err("[Infinity]", DataType::Bool),
+            "data element 0 is the bare literal Infinity; BOOL needs true or false"
+        );
+        // Only the exact words, followed by a separator.
+        for bad in ["[nan]", "[NaNa]", "[Inf]", "[-Inf]", "[+Infinity]"] {
+            assert!(parse(bad, DataType::Fp32).is_err(), "{bad}");
+        }
+        // Counted like any other element, for the request path that meets data first.
+        assert_eq!(count_elements(text.as_bytes(), 8).unwrap(), 6);
     }
 
     #[test]
