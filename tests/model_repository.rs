@@ -1490,3 +1490,32 @@ async fn a_backend_that_never_answered_is_listed_skipped() {
     );
     gw.shutdown().await;
 }
+
+/// A gateway in front of a tensorgate worker leaves the classification of an FP16 output to
+/// the worker, which holds the model's labels (Triton refuses FP16 classification, so in
+/// front of Triton the gateway classifies, without them); the gateway's configuration says
+/// the output has labels, as the worker's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_precision_classification_through_a_gateway_keeps_the_workers_labels() {
+    let w = worker("w", &fixtures().join("half")).await;
+    let gw = tensorgate::run::start(parse_config(&gateway_toml(&[("w", &w.url)], "")), false)
+        .await
+        .unwrap();
+    let client = http_client();
+    let body = json!({
+        "inputs": [{"name": "X", "datatype": "FP16", "shape": [1, 5], "data": [0.5, 4, 1, 3, 2]}],
+        "outputs": [{"name": "SCORES", "parameters": {"classification": 3}}]});
+    let want = json!(["4.000000:1:beta", "3.000000:3:delta", "2.000000:4:epsilon"]);
+    for at in [w.url.clone(), base(&gw)] {
+        let (status, reply) =
+            post_json(&client, &format!("{at}/v2/models/half/infer"), &body).await;
+        assert_eq!(status, 200, "{at}: {reply}");
+        assert_eq!(reply["outputs"][0]["data"], want, "{at}");
+    }
+    let (_, direct) = get_json(&client, &format!("{}/v2/models/half/config", w.url)).await;
+    let (_, through) = get_json(&client, &format!("{}/v2/models/half/config", base(&gw))).await;
+    let labels = &direct["output"][0]["label_filename"];
+    assert!(labels.as_str().is_some_and(|f| !f.is_empty()), "{direct}");
+    assert_eq!(&through["output"][0]["label_filename"], labels, "{through}");
+    gw.shutdown().await;
+}

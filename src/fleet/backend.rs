@@ -189,12 +189,14 @@ pub struct InferCall<'a> {
 }
 
 /// The parts of a backend's model configuration the gateway's own repeats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatedConfig {
     /// The largest batch the model takes (0: no batch dimension); `None`: not stated.
     pub max_batch_size: Option<u32>,
     /// The model keeps state across a sequence's requests (`sequence_batching`).
     pub sequence_batching: bool,
+    /// Outputs with labels (`label_filename`), with the file's name.
+    pub labeled_outputs: Vec<(String, String)>,
 }
 
 pub trait Backend: Send + Sync {

@@ -328,9 +328,11 @@ impl Backend for BuiltinBackend {
     }
 
     fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
+        // Labels of in-process models reach the configuration through `labels`.
         let known = self.models.load().get(model).map(|slot| StatedConfig {
             max_batch_size: slot.model.max_batch_size(),
             sequence_batching: slot.model.sequence_batching(),
+            labeled_outputs: Vec::new(),
         });
         Box::pin(async move { known })
     }

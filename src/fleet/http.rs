@@ -533,6 +533,16 @@ impl Backend for HttpBackend {
                 sequence_batching: config
                     .get("sequence_batching")
                     .is_some_and(|v| !v.is_null()),
+                labeled_outputs: config["output"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| {
+                        let name = o["name"].as_str()?;
+                        let file = o["label_filename"].as_str().filter(|f| !f.is_empty())?;
+                        Some((name.to_string(), file.to_string()))
+                    })
+                    .collect(),
             })
         })
     }

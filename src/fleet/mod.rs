@@ -38,6 +38,8 @@ pub struct Capabilities {
     pub exact_outputs: bool,
     /// It implements the classification extension itself.
     pub classification: bool,
+    /// It classifies FP16 and BF16 outputs too (a tensorgate server; Triton refuses them).
+    pub half_classification: bool,
     /// It loads and unloads models on request (the `model_repository` extension).
     pub repository: bool,
 }
@@ -58,6 +60,10 @@ impl Capabilities {
             },
             exact_outputs: lists_binary && encoding != Encoding::Json,
             classification: server.supports(extensions::CLASSIFICATION),
+            // Known by its name (`server.name`, "tensorgate" or "tensorgate-worker" unless
+            // renamed): nothing in v2 metadata says which types a server classifies.
+            half_classification: server.supports(extensions::CLASSIFICATION)
+                && server.name.starts_with("tensorgate"),
             // KServe 0.21 lists it as "model_repository_extension".
             repository: server.supports(extensions::MODEL_REPOSITORY)
                 || server.supports("model_repository_extension"),
@@ -543,9 +549,17 @@ mod tests {
                 binary: true,
                 exact_outputs: false,
                 classification: false,
+                half_classification: false,
                 repository: true,
             }
         );
+        let triton = Capabilities::learn(&server("triton", &["classification"]), Encoding::Auto);
+        assert!(triton.classification && !triton.half_classification);
+        let worker = Capabilities::learn(
+            &server("tensorgate-worker", &["classification"]),
+            Encoding::Auto,
+        );
+        assert!(worker.classification && worker.half_classification);
         let json = Capabilities::learn(&server("kserve", &[]), Encoding::Json);
         assert!(!json.binary, "the config's encoding wins");
         let mlserver = Capabilities::learn(&server("mlserver", &[]), Encoding::Auto);

@@ -62,6 +62,21 @@ pub async fn model_config(
             config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
         }
     }
+    // Labels a remote backend states for an output (Triton's or a worker's label_filename):
+    // a client that reads the configuration learns that classifications carry them.
+    for output in config
+        .output
+        .iter_mut()
+        .filter(|o| o.label_filename.is_empty())
+    {
+        if let Some((_, file)) = stated
+            .iter()
+            .flat_map(|s| &s.labeled_outputs)
+            .find(|(name, _)| *name == output.name)
+        {
+            output.label_filename = file.clone();
+        }
+    }
     if stated.iter().any(|s| s.sequence_batching) {
         config.scheduling_choice = Some(pb::model_config::SchedulingChoice::SequenceBatching(
             Default::default(),

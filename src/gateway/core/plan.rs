@@ -26,7 +26,7 @@ pub struct Classification {
 fn gateway_applies(
     mode: ClassificationMode,
     in_process: bool,
-    backend_classifies: bool,
+    caps: Capabilities,
     labels_configured: bool,
     datatype: Option<DataType>,
 ) -> bool {
@@ -39,13 +39,15 @@ fn gateway_applies(
         // A backend that lists the extension classifies, except that:
         // - labels configured here win: it would use its own labels, or none, and the user
         //   asked for these;
-        // - Triton, the server that lists it, rejects FP16 and BF16 outputs, which we promise
-        //   to classify, so those are classified here. (An output the metadata does not
-        //   describe has no known type; it goes to the backend.)
+        // - Triton rejects FP16 and BF16 outputs, which we promise to classify, so those are
+        //   classified here, unless the backend is a tensorgate server, which classifies
+        //   them with the labels it holds. (An output the metadata does not describe has no
+        //   known type; it goes to the backend.)
         ClassificationMode::Auto => {
-            !backend_classifies
+            !caps.classification
                 || labels_configured
-                || matches!(datatype, Some(DataType::Fp16 | DataType::Bf16))
+                || (matches!(datatype, Some(DataType::Fp16 | DataType::Bf16))
+                    && !caps.half_classification)
         }
     }
 }
@@ -81,7 +83,7 @@ pub fn classifications(
         if gateway_applies(
             backend.classification,
             in_process,
-            backend.capabilities().classification,
+            backend.capabilities(),
             labels.is_configured(&model.name, &o.name),
             datatype,
         ) {
@@ -158,17 +160,31 @@ mod tests {
     use crate::protocol::Parameters;
     use bytes::Bytes;
 
+    fn caps(classification: bool, half_classification: bool) -> Capabilities {
+        Capabilities {
+            classification,
+            half_classification,
+            ..Capabilities::default()
+        }
+    }
+
     #[test]
-    fn auto_mode_classifies_half_precision_even_for_a_classifying_backend() {
+    fn auto_mode_classifies_half_precision_where_the_backend_cannot() {
         use ClassificationMode::*;
-        let applies =
-            |mode, classifies, labels, dt| gateway_applies(mode, false, classifies, labels, dt);
+        let applies = |mode, classifies, labels, dt| {
+            gateway_applies(mode, false, caps(classifies, false), labels, dt)
+        };
         for dt in [DataType::Fp16, DataType::Bf16] {
             assert!(applies(Auto, true, false, Some(dt)), "{dt}");
             assert!(applies(Gateway, true, false, Some(dt)), "{dt}");
             assert!(
                 !applies(Backend, true, false, Some(dt)),
                 "{dt}: backend mode is the user's call"
+            );
+            // A tensorgate backend classifies them, with the labels it holds.
+            assert!(
+                !gateway_applies(Auto, false, caps(true, true), false, Some(dt)),
+                "{dt}"
             );
         }
         for dt in [
@@ -189,7 +205,13 @@ mod tests {
             "unknown type: the backend knows it"
         );
         assert!(
-            gateway_applies(Backend, true, true, false, Some(DataType::Fp32)),
+            gateway_applies(
+                Backend,
+                true,
+                caps(true, false),
+                false,
+                Some(DataType::Fp32)
+            ),
             "in process"
         );
     }
