@@ -364,7 +364,8 @@ def test_dockerfile_is_multi_stage_non_root_and_copies_what_exists():
     stages = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert len(stages) >= 2
     assert "distroless" in stages[-1] and "nonroot" in stages[-1]
-    assert re.search(r"^USER\s+nonroot", text, re.M)
+    # Numeric: the kubelet checks runAsNonRoot only against a numeric user.
+    assert re.search(r"^USER\s+65532:65532\s*$", text, re.M)
     for src in re.findall(r"^COPY\s+(?!--from)(.+)\s+\S+$", text, re.M):
         for p in src.split():
             assert (ROOT / p).exists(), p
@@ -420,3 +421,25 @@ def test_the_dockerfile_cargo_command_builds_a_working_binary():
     r = subprocess.run([str(binary), "check-config", "config/tensorgate.toml"], cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_non_root_container_names_a_numeric_user(layout):
+    """The kubelet checks runAsNonRoot only against a numeric user: a container that sets it
+    must get a runAsUser (its own or the pod's) unless its image's USER is numeric; and the
+    tensorgate containers run as the image's nonroot user, 65532."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    image_user = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)[-1]
+    assert image_user.split(":")[0].isdigit(), image_user
+    for doc in render(LAYOUTS[layout]):
+        if doc["kind"] != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            sc = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
+            if not sc.get("runAsNonRoot"):
+                continue
+            if c["image"] == "tensorgate":
+                assert sc.get("runAsUser") == 65532, (layout, c["name"])
+            else:
+                assert isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0, (layout, c["name"])
+            assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", (layout, c["name"])
