@@ -49,6 +49,7 @@ pub struct Metrics {
     pub classifications: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub tls_reloads: IntCounterVec,
+    pub token_reloads: IntCounterVec,
     pub tls_handshake_failures: IntCounterVec,
     pub backend_tolerated: IntCounterVec,
     pub pin_store_operations: IntCounterVec,
@@ -290,6 +291,12 @@ impl Metrics {
                 "Reloads of the listeners' certificate and key (on SIGHUP or a change of their files), by result: a failure keeps the old ones",
                 &["result"],
             ),
+            token_reloads: counter(
+                &r,
+                "tensorgate_auth_token_reloads_total",
+                "Reloads of the bearer tokens on a change of auth.tokens_file, by result: a failure (a file without tokens, one that is gone) keeps the old tokens",
+                &["result"],
+            ),
             tls_handshake_failures: counter(
                 &r,
                 "tensorgate_tls_handshake_failures_total",
@@ -327,6 +334,7 @@ impl Metrics {
         // is an increase (a series born at 1 makes no `increase()`).
         for result in ["success", "failure"] {
             m.config_reloads.with_label_values(&[result]);
+            m.token_reloads.with_label_values(&[result]);
         }
         m
     }
@@ -432,6 +440,7 @@ mod tests {
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains("tensorgate_config_reloads_total{result=\"failure\"} 0\n"));
         assert!(text.contains("tensorgate_config_reloads_total{result=\"success\"} 0\n"));
+        assert!(text.contains("tensorgate_auth_token_reloads_total{result=\"failure\"} 0\n"));
         assert!(!text.contains("tensorgate_tls_reloads_total"), "{text}");
         m.expect_tls();
         let text = String::from_utf8(m.render()).unwrap();

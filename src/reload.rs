@@ -107,12 +107,29 @@ pub async fn run(
                 // A revoked token must stop working without a signal (a Kubernetes Secret
                 // is updated in place), as certificates do.
                 let tokens_now = tokens_file().as_ref().and_then(fingerprint);
+                let counted = |result: &str| {
+                    gateway.metrics.token_reloads.with_label_values(&[result]).inc();
+                };
                 if tokens_now.is_some() && tokens_now.map(|f| f.1) != last_tokens.map(|f| f.1) {
                     last_tokens = tokens_now;
                     match gateway.reload_tokens() {
-                        Ok(()) => tracing::info!(trigger = "file change", "auth tokens reloaded"),
-                        Err(e) => tracing::error!(trigger = "file change", error = %e, "auth tokens reload failed; keeping the old tokens"),
+                        Ok(()) => {
+                            counted("success");
+                            tracing::info!(trigger = "file change", "auth tokens reloaded")
+                        }
+                        Err(e) => {
+                            counted("failure");
+                            tracing::error!(trigger = "file change", error = %e, "auth tokens reload failed; keeping the old tokens")
+                        }
                     }
+                } else if tokens_now.is_none() && last_tokens.is_some() {
+                    // Said once: the old tokens stay, and a restart would fail to start.
+                    last_tokens = None;
+                    counted("failure");
+                    tracing::error!(
+                        file = %tokens_file().map(|p| p.display().to_string()).unwrap_or_default(),
+                        "the auth tokens file cannot be read any more (removed, or its Secret unmounted?); keeping the old tokens, but a restart would refuse to start"
+                    );
                 }
                 if watch.is_none() {
                     continue;

@@ -838,6 +838,7 @@ async fn sigterm_under_load_drops_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
     let gp = free_port();
+    let mp = free_port();
     let dir = std::env::temp_dir().join(format!("tg-tokens-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens");
@@ -846,7 +847,7 @@ async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\n\
+            "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{mp}\"\ngrpc_listen = \"\"\n\
              [auth]\ntokens_file = {:?}\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
             tokens.display().to_string()
         ),
@@ -881,6 +882,24 @@ async fn a_rotated_tokens_file_takes_effect_without_a_signal() {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(status("new-token").await, 200);
     assert_eq!(status("# nothing yet").await, 401);
+    // A file that is gone (a Secret unmounted) keeps the tokens too, and is counted.
+    std::fs::remove_file(&tokens).unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(status("new-token").await, 200);
+    let metrics = client
+        .get(format!("http://127.0.0.1:{mp}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "tensorgate_auth_token_reloads_total{result=\"success\"} 1",
+        "tensorgate_auth_token_reloads_total{result=\"failure\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

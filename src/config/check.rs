@@ -259,9 +259,17 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
             });
         }
     }
+    // An [auth] table that names no token source would leave everything open while reading
+    // as if auth were on (a templated tokens_file line dropped, say): refused, as a source
+    // without tokens is.
+    let auth_table = doc.as_ref().is_some_and(|d| d.contains_key("auth"));
+    let open_auth = (auth_table && !config.auth.enabled()).then(|| {
+        "auth: an [auth] table needs tokens_file or tokens_env; without either every request would be accepted (remove the table to serve without tokens)".to_string()
+    });
     errors.extend(
         check_pins(&config.fleet.pins)
             .into_iter()
+            .chain(open_auth)
             .chain(check_bounds(&config))
             .map(|message| ConfigError {
                 line: doc.as_ref().and_then(|d| line_of_key(d, &message)),
@@ -676,6 +684,16 @@ mod tests {
         ] {
             assert!(parse_and_check(&format!("[server]\n{fine}\n")).is_ok(), "{fine}");
         }
+    }
+
+    /// `[auth]` alone does not turn auth off silently: it is an error, at its line.
+    #[test]
+    fn an_auth_table_without_a_token_source_is_refused() {
+        assert_eq!(
+            errors("[server]\nlisten = \"127.0.0.1:0\"\n\n[auth]\n"),
+            ["line 4: auth: an [auth] table needs tokens_file or tokens_env; without either every request would be accepted (remove the table to serve without tokens)"]
+        );
+        assert!(parse_and_check("[server]\nlisten = \"127.0.0.1:0\"\n").is_ok());
     }
 
     /// A budget for all bodies smaller than one body would refuse the largest ones forever.

@@ -180,6 +180,11 @@ impl Gateway {
         }
         let labels = labels::Labels::load(&config)?;
         let tokens = auth::Tokens::load(&config.auth)?;
+        if self.config().auth.enabled() && !config.auth.enabled() {
+            tracing::warn!(
+                "the reloaded config names no token source ([auth] is gone): bearer auth is off, and every request is accepted"
+            );
+        }
         let not_applied = crate::config::keep_restart_only(&self.config(), &mut config);
         if !not_applied.is_empty() {
             tracing::warn!(
