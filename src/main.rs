@@ -125,8 +125,20 @@ enum Command {
 /// that no request waits on a `write` to stderr; the guard writes what is left when `main`
 /// returns.
 fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushGuard {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // RUST_LOG wins when it is a filter that logs something. An empty one (a Helm leftover)
+    // or a misspelt level ("verbose", which tracing reads as a target and then logs nothing
+    // else) would silence even the error a failed start prints: server.log_level then
+    // applies, and the first line says why.
+    let from_env = std::env::var("RUST_LOG").ok();
+    let (filter, refused) = match from_env.as_deref() {
+        None => (level.to_string(), None),
+        Some(env) if env.trim().is_empty() => (level.to_string(), None),
+        Some(env) => match tensorgate::config::check_log_filter(env) {
+            Ok(()) => (env.to_string(), None),
+            Err(why) => (level.to_string(), Some((env.to_string(), why))),
+        },
+    };
+    let filter = tracing_subscriber::EnvFilter::new(filter);
     let (writer, guard) = tensorgate::logwriter::batched_stderr();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -137,6 +149,9 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
             .event_format(tensorgate::logformat::PlainFormat::default())
             .init(),
         LogFormat::Json => builder.json().init(),
+    }
+    if let Some((env, why)) = refused {
+        tracing::warn!(rust_log = %env, server_log_level = %level, "RUST_LOG is not a log filter: {why}; using server.log_level");
     }
     guard
 }

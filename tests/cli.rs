@@ -535,3 +535,34 @@ async fn worker_and_gateway_processes_serve_and_stop_on_sigterm() {
     let status = worker.terminate();
     assert!(status.success(), "worker: {status}; log:\n{}", worker.log());
 }
+
+/// An empty RUST_LOG, or one that is a misspelt level, does not silence the gateway: the
+/// config's level applies (with a warning for the misspelling), so a failed start still
+/// says why.
+#[test]
+fn a_rust_log_that_logs_nothing_falls_back_to_the_configs_level() {
+    let config = temp_file(
+        "missing-cert.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"\"\ngrpc_listen = \"\"\n\
+         [server.tls]\ncert = \"/nonexistent/tensorgate.crt\"\nkey = \"/nonexistent/tensorgate.key\"\n",
+    );
+    for rust_log in ["", "  ", "verbose", "info"] {
+        let out = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", rust_log)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{rust_log:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("server.tls") && err.contains("/nonexistent/tensorgate.crt"),
+            "RUST_LOG={rust_log:?}: {err}"
+        );
+        assert_eq!(
+            err.contains("RUST_LOG is not a log filter: 'verbose' is neither a level"),
+            rust_log == "verbose",
+            "RUST_LOG={rust_log:?}: {err}"
+        );
+    }
+}

@@ -448,7 +448,7 @@ fn shared_listener_ports(server: &super::ServerConfig) -> Vec<String> {
 /// tracing's filter syntax, less one reading of it: a bare word that is not a level is a
 /// target to log at every level, and then nothing else is logged. In a gateway's config that
 /// is a misspelt level ("verbose", "warning"), so it is refused.
-fn check_log_filter(filter: &str) -> Result<(), String> {
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
     if filter.trim().is_empty() {
         return Err("it is empty, which logs nothing".into());

@@ -15,7 +15,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub use check::{
-    error_at_key, error_at_path, parse_and_check, unreadable_files, ConfigError, MAX_WORKER_THREADS,
+    check_log_filter, error_at_key, error_at_path, parse_and_check, unreadable_files, ConfigError,
+    MAX_WORKER_THREADS,
 };
 pub use restart::keep_restart_only;
 
