@@ -5,24 +5,38 @@
 //! channel-per-line one (tracing-appender) costs a wake-up of its thread per request, which
 //! on a gateway pinned to one core competes with the requests themselves.
 //!
-//! Nothing is dropped: when stderr stalls and the buffer reaches `BLOCK_AT`, request threads
-//! write their lines themselves and so wait, as with an unbuffered logger. What the buffer
-//! holds is written when the guard is dropped (the end of `main`), and at most one
-//! `FLUSH_EVERY` of lines is lost if the process is killed.
+//! When stderr stalls (a log collector that stopped reading) and the buffer reaches
+//! `DROP_AT`, further lines are dropped and counted, never waited for: a thread that waited
+//! on stderr would hold every request on it, health probes and /metrics included, and a
+//! stalled log pipeline would take every replica down. Once stderr drains, the next batch
+//! starts with a line that says how many were dropped (and `tensorgate_log_lines_dropped_total`
+//! counts them). What the buffer holds is written when the guard is dropped (the end of
+//! `main`), and at most one `FLUSH_EVERY` of lines is lost if the process is killed.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 const FLUSH_AT: usize = 64 << 10;
-const BLOCK_AT: usize = 8 << 20;
+const DROP_AT: usize = 8 << 20;
+
+/// Lines dropped since the process started, for the metrics.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Log lines dropped so far because stderr did not keep up.
+pub fn dropped_lines() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
 
 #[derive(Default)]
 struct State {
     buf: Vec<u8>,
     stopping: bool,
+    /// Dropped since the last line that said so.
+    unreported: u64,
 }
 
 struct Shared {
@@ -63,7 +77,15 @@ fn batched<W: Write + Send + 'static>(mut out: W) -> (BatchedStderr, FlushGuard)
                         !s.stopping && s.buf.len() < FLUSH_AT
                     })
                     .unwrap_or_else(|e| e.into_inner());
-                (std::mem::take(&mut state.buf), state.stopping)
+                let mut chunk = std::mem::take(&mut state.buf);
+                if state.unreported > 0 {
+                    let note = format!(
+                        "tensorgate: {} log lines were dropped: stderr did not keep up\n",
+                        std::mem::take(&mut state.unreported)
+                    );
+                    chunk.splice(0..0, note.into_bytes());
+                }
+                (chunk, state.stopping)
             };
             if !chunk.is_empty() {
                 let _ = out.write_all(&chunk);
@@ -122,11 +144,15 @@ impl Drop for Line {
             return;
         }
         let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.buf.len() >= BLOCK_AT || state.stopping {
-            // stderr is not keeping up (or the writer is gone): write, and wait, here. Such
-            // a line may come out ahead of older ones still in the buffer.
+        if state.stopping {
+            // The writer is gone (the process is ending): write here.
             drop(state);
             let _ = std::io::stderr().write_all(&self.text);
+            return;
+        }
+        if state.buf.len() >= DROP_AT {
+            state.unreported += 1;
+            DROPPED.fetch_add(1, Ordering::Relaxed);
             return;
         }
         state.buf.extend_from_slice(&self.text);
@@ -194,5 +220,64 @@ mod tests {
             .chain((0..1000).map(|i| format!("{i}\n")))
             .collect();
         assert_eq!(text, expected);
+    }
+
+    /// A stderr that stops draining costs lines, not waits: the thread that logs never
+    /// blocks, and once stderr drains the first line says how many were dropped.
+    #[test]
+    fn a_stalled_stderr_drops_lines_and_says_so() {
+        #[derive(Clone)]
+        struct Stalled(Sink, Arc<(Mutex<bool>, Condvar)>);
+        impl Write for Stalled {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let (open, cv) = &*self.1;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = cv.wait(open).unwrap();
+                }
+                self.0.write(b)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (w, guard) = batched(Stalled(sink.clone(), gate.clone()));
+        let before = dropped_lines();
+        let text = "x".repeat(1023) + "\n";
+        let started = std::time::Instant::now();
+        // 12 MiB of lines against a buffer that holds 8 MiB, with the writer stuck.
+        for _ in 0..12 * 1024 {
+            line(&w, &text);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "logging never waits on the stalled writer"
+        );
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        // Once the writer has taken the buffer, lines are kept again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while w.shared.state.lock().unwrap().buf.len() >= DROP_AT
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(FLUSH_EVERY / 4);
+        }
+        let dropped = dropped_lines() - before;
+        assert!(dropped >= 3 * 1024, "dropped {dropped}");
+        line(&w, "after\n");
+        drop(guard);
+        let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let note =
+            format!("tensorgate: {dropped} log lines were dropped: stderr did not keep up\n");
+        let at = out.find("log lines were dropped");
+        assert!(
+            out.contains(&note),
+            "{note} vs {:?}",
+            at.map(|i| &out[i.saturating_sub(30)..i + 60])
+        );
+        assert!(out.ends_with("after\n"));
+        assert_eq!(out.matches(&text).count() as u64 + dropped, 12 * 1024);
     }
 }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Seconds; from 100 µs (in-process models) to a minute (large models).
@@ -50,6 +50,8 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub tls_reloads: IntCounterVec,
     pub token_reloads: IntCounterVec,
+    /// Synced from `logwriter::dropped_lines` at every scrape.
+    log_lines_dropped: IntCounter,
     pub tls_handshake_failures: IntCounterVec,
     pub backend_tolerated: IntCounterVec,
     pub pin_store_operations: IntCounterVec,
@@ -291,6 +293,14 @@ impl Metrics {
                 "Reloads of the listeners' certificate and key (on SIGHUP or a change of their files), by result: a failure keeps the old ones",
                 &["result"],
             ),
+            log_lines_dropped: reg(
+                &r,
+                IntCounter::new(
+                    "tensorgate_log_lines_dropped_total",
+                    "Log lines dropped because stderr did not keep up (a stalled log collector): logging never makes requests, probes or scrapes wait",
+                )
+                .expect("valid metric"),
+            ),
             token_reloads: counter(
                 &r,
                 "tensorgate_auth_token_reloads_total",
@@ -364,6 +374,9 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> Vec<u8> {
+        let dropped = crate::logwriter::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
