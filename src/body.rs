@@ -100,14 +100,16 @@ pub fn error_response(e: &GatewayError) -> Response<Body> {
     if let GatewayError::ModelFailed(_) = e {
         r = r.header(crate::error::MODEL_FAILURE, "1");
     }
-    // Refused before its body was read (too large, or too slow): the rest of it is still on
+    // Refused before its body was read (too large, too slow, or no room left): the rest of it is still on
     // the connection, which is closed after this answer; saying so keeps an HTTP/1.1 client
     // from sending its next request on it. (HTTP/2 drops the header: its streams end alone.)
     // By the error, not the status: a backend's own 408 or 413, or a message too large only
     // once decoded, leaves nothing unread.
     if matches!(
         e,
-        GatewayError::PayloadTooLarge(_) | GatewayError::RequestTimeout(_)
+        GatewayError::PayloadTooLarge(_)
+            | GatewayError::RequestTimeout(_)
+            | GatewayError::BodiesFull(_)
     ) {
         r = r.header(header::CONNECTION, "close");
     }

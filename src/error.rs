@@ -1,8 +1,8 @@
 //! The one error type of the serving side, and where it maps to each transport: an HTTP
 //! status and a gRPC status code with the same message, side by side (the REST body and its
 //! extra headers are written by `body::error_response`). A few gRPC statuses are made at the
-//! gRPC edge without a `GatewayError` behind them (framing errors tonic reports, a stream
-//! closed by the shutdown); docs/ARCHITECTURE.md lists them.
+//! gRPC edge without a `GatewayError` behind them (framing errors tonic reports, tonic's own
+//! refusals); docs/ARCHITECTURE.md lists them.
 
 use http::StatusCode;
 
@@ -27,6 +27,10 @@ pub enum GatewayError {
     UnsupportedEncoding(String),
     /// No healthy backend, or the gateway is shedding load: 503.
     Unavailable(String),
+    /// The budget for request bodies held at once (`limits.max_buffered_body_bytes`) is
+    /// spent: 503 with Retry-After, UNAVAILABLE. Refused while the body arrives, so the
+    /// rest of it is still on the connection, which closes after the answer.
+    BodiesFull(String),
     /// The backend a live sequence is pinned to is gone, and the sequence's state with it:
     /// 503, UNAVAILABLE. A backend's failure, where `Unavailable` is the gateway's refusal.
     SequenceLost(String),
@@ -87,9 +91,9 @@ impl GatewayError {
             GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            GatewayError::Unavailable(_) | GatewayError::SequenceLost(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::Unavailable(_)
+            | GatewayError::BodiesFull(_)
+            | GatewayError::SequenceLost(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::BadGateway(_) | GatewayError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::Backend { status, .. } => *status,
@@ -118,6 +122,7 @@ impl GatewayError {
             GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
             GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
             GatewayError::Unavailable(_)
+            | GatewayError::BodiesFull(_)
             | GatewayError::SequenceLost(_)
             | GatewayError::Unreachable(_) => Code::Unavailable,
             GatewayError::BadGateway(_)
@@ -165,6 +170,7 @@ impl GatewayError {
             | GatewayError::PayloadTooLarge(m)
             | GatewayError::UnsupportedEncoding(m)
             | GatewayError::Unavailable(m)
+            | GatewayError::BodiesFull(m)
             | GatewayError::SequenceLost(m)
             | GatewayError::Timeout(m)
             | GatewayError::BadGateway(m)

@@ -1350,7 +1350,7 @@ async fn an_idle_stream_ends_after_the_idle_limit() {
         (status.code(), status.message()),
         (
             Code::Unavailable,
-            "the stream sent no message and awaited no answer for 400 ms (limits.stream_idle_timeout_ms): send further requests on a new stream"
+            "the stream sent no message and awaited no answer for 400 ms (limits.stream_idle_timeout_ms); every message answered on it was run: send further requests on a new stream"
         )
     );
     drop(tx);

@@ -984,13 +984,19 @@ async fn a_client_that_stops_reading_is_cut_off() {
 
 /// `limits.max_buffered_body_bytes` bounds the request bodies held at once across all
 /// requests: while one client's large body is arriving, another body that would exceed the
-/// budget gets 503 with Retry-After; once the first is gone, the same request is served.
+/// budget gets 503 with Retry-After and Connection: close (its rest is unread), and so does a
+/// gRPC message, unary or on a stream (UNAVAILABLE, which ends that stream); once the first is gone, the same
+/// requests are served, and everything held is given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_share_one_memory_budget() {
+    use crate::common_grpc;
+    use futures_util::StreamExt;
+    use tensorgate::protocol::grpc::pb;
     const BUDGET: usize = 1 << 20;
     let gw = gateway(|c| {
         c.limits.max_body_bytes = BUDGET;
         c.limits.max_buffered_body_bytes = BUDGET;
+        c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let addr = gw.addr;
@@ -1009,19 +1015,20 @@ async fn request_bodies_share_one_memory_budget() {
         s.write_all(&vec![b' '; 800_000]).unwrap();
         let _ = gone.recv_timeout(Duration::from_secs(30));
     });
+    // Bytes are counted as they arrive, by length.
     let mut waited = 0;
-    while gauge.get() < 800_000 && waited < 100 {
+    while gauge.get() != 800_000 && waited < 100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         waited += 1;
     }
-    assert!(gauge.get() >= 800_000, "held {}", gauge.get());
+    assert_eq!(gauge.get(), 800_000);
 
     let n = 150_000;
     let zeros = vec!["0"; n].join(",");
     let body = format!(
         r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","data":[{zeros}]}}]}}"#
     );
-    assert!(body.len() > BUDGET - gauge.get() as usize && body.len() < BUDGET);
+    assert!(body.len() > BUDGET - 800_000 && body.len() < BUDGET);
     let client = reqwest::Client::new();
     let send = || {
         client
@@ -1029,12 +1036,40 @@ async fn request_bodies_share_one_memory_budget() {
             .body(body.clone())
             .send()
     };
+    let full = format!("tensorgate holds its limit of {BUDGET} bytes of request bodies (limits.max_buffered_body_bytes); retry later");
     let refused = send().await.unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["connection"], "close");
     assert_eq!(
         refused.json::<serde_json::Value>().await.unwrap(),
-        serde_json::json!({"error": format!("tensorgate holds its limit of {BUDGET} bytes of request bodies (limits.max_buffered_body_bytes); retry later")})
+        serde_json::json!({ "error": full })
+    );
+
+    // The same over gRPC: a unary call, and a message on a stream (whose stream goes on).
+    let message = pb::ModelInferRequest {
+        model_name: "identity_fp32".into(),
+        inputs: vec![common_grpc::input("INPUT0", "FP32", &[1, n as i64])],
+        raw_input_contents: vec![vec![0u8; n * 4].into()],
+        ..Default::default()
+    };
+    let mut grpc = common_grpc::connect(gw.grpc_addr.unwrap()).await;
+    let status = grpc.model_infer(message.clone()).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::Unavailable, full.as_str())
+    );
+    // A stream's message is refused while it is assembled, which ends that stream.
+    let status = match grpc
+        .model_stream_infer(futures_util::stream::iter([message.clone()]))
+        .await
+    {
+        Err(status) => status,
+        Ok(answers) => answers.into_inner().next().await.unwrap().unwrap_err(),
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::Unavailable, full.as_str())
     );
 
     go.send(()).unwrap();
@@ -1049,9 +1084,24 @@ async fn request_bodies_share_one_memory_budget() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let served = served.expect("served once the large body is gone");
-    assert_eq!(served.status(), 200);
     let answer: serde_json::Value = served.json().await.unwrap();
     assert_eq!(answer["outputs"][0]["shape"], serde_json::json!([1, n]));
+    let answer = grpc
+        .model_infer(message.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.raw_output_contents[0].len(), n * 4);
+    let answer = grpc
+        .model_stream_infer(futures_util::stream::iter([message]))
+        .await
+        .unwrap()
+        .into_inner()
+        .next()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.error_message, "");
     // Every body answered, or gone, has given its share back.
     assert_eq!(gauge.get(), 0);
     gw.shutdown().await;

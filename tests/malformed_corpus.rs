@@ -588,7 +588,7 @@ fn corpus() -> Vec<Case> {
             br#"{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,1],"data":[NaN]}]}"#
                 .to_vec(),
             400,
-            "write non-finite floats as the strings",
+            "input 'INPUT0': data element 0 is a string; INT32 needs a number",
         ),
         "/v2/models/identity_int32/infer",
     ));

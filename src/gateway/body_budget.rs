@@ -6,8 +6,10 @@
 //! other request. With the budget spent, a body that needs more is refused with 503 and
 //! `Retry-After` (UNAVAILABLE over gRPC), as shedding is, and the bodies already here finish.
 //!
-//! A body's bytes are counted as they arrive (and as a compressed one inflates), and stay
-//! counted until its request is answered.
+//! A body's bytes are counted as they arrive (a compressed one's inflated bytes beside its
+//! compressed ones while it inflates), and stay counted until its request is answered; a
+//! gRPC stream's message, from when it is whole until its answer. Lengths are counted, not
+//! the buffers' capacity, so that a budget of `max_body_bytes` holds one largest body.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -73,14 +75,21 @@ pub struct Reservation {
 
 impl Reservation {
     /// Holds `total` bytes for this body from now on (more or fewer than before). Fails,
-    /// holding what it held, when the budget has not the difference left.
+    /// holding what it held, when the budget has not the difference left: 503 while other
+    /// bodies hold it, 413 for a body that the whole budget could never hold.
     pub fn hold(&mut self, total: usize) -> Result<(), GatewayError> {
         let Some(budget) = &self.budget else {
             return Ok(());
         };
         if total > self.held {
+            if total > budget.limit {
+                return Err(GatewayError::PayloadTooLarge(format!(
+                    "the request body is larger than the {} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+                    budget.limit
+                )));
+            }
             if !budget.take(total - self.held) {
-                return Err(GatewayError::Unavailable(format!(
+                return Err(GatewayError::BodiesFull(format!(
                     "tensorgate holds its limit of {} bytes of request bodies (limits.max_buffered_body_bytes); retry later",
                     budget.limit
                 )));
@@ -112,22 +121,45 @@ pub fn budget_limit(configured: usize, max_body: usize) -> usize {
 }
 
 fn memory_available() -> Option<u64> {
-    // cgroup v2, then v1: a container's limit, far below the machine's memory.
-    let cgroup = [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .filter_map(|path| std::fs::read_to_string(path).ok())
-    .find_map(|text| text.trim().parse::<u64>().ok());
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| mem_total(&text));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_limit(&text, |path| std::fs::read_to_string(path).ok()));
     match (cgroup, machine) {
-        // v1 reports "no limit" as a huge number.
         (Some(c), Some(m)) => Some(c.min(m)),
         (c, m) => c.or(m),
     }
+}
+
+/// The smallest memory limit on the way from this process's cgroup up to the root: a
+/// container's own, a systemd unit's `MemoryMax=`, or a parent slice's. cgroup v2 (the
+/// `0::` line), else v1's memory controller; "max" (v2) and v1's huge "no limit" are none.
+fn cgroup_limit(proc_self_cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let (root, file, path) = proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            Some(("/sys/fs/cgroup", "memory.max", path))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            Some(("/sys/fs/cgroup/memory", "memory.limit_in_bytes", path))
+        } else {
+            None
+        }
+    })?;
+    // "/a/b", "/a", "" (the root): every cgroup on the way up.
+    let mut dir = path.trim_end_matches('/');
+    let mut dirs = vec![dir];
+    while let Some(cut) = dir.rfind('/') {
+        dir = &dir[..cut];
+        dirs.push(dir);
+    }
+    dirs.into_iter()
+        .filter_map(|d| read(&format!("{root}{d}/{file}")))
+        .filter_map(|text| text.trim().parse::<u64>().ok())
+        .filter(|&n| n < (1 << 60))
+        .min()
 }
 
 fn mem_total(meminfo: &str) -> Option<u64> {
@@ -152,10 +184,19 @@ mod tests {
         one.hold(60).unwrap();
         let refused = two.hold(41).unwrap_err();
         assert_eq!(
-            refused.message(),
-            "tensorgate holds its limit of 100 bytes of request bodies (limits.max_buffered_body_bytes); retry later"
+            refused,
+            GatewayError::BodiesFull(
+                "tensorgate holds its limit of 100 bytes of request bodies (limits.max_buffered_body_bytes); retry later".into()
+            )
         );
         assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        // A body the whole budget could never hold is the client's: 413, not a retry.
+        assert_eq!(
+            b.reserve().hold(101).unwrap_err(),
+            GatewayError::PayloadTooLarge(
+                "the request body is larger than the 100 bytes all request bodies may hold at once (limits.max_buffered_body_bytes)".into()
+            )
+        );
         two.hold(40).unwrap();
         assert_eq!(b.gauge.get(), 100);
         // A body that shrinks (a message handed on) gives back the difference.
@@ -171,6 +212,49 @@ mod tests {
     #[test]
     fn a_reservation_without_a_budget_counts_nothing() {
         assert!(Reservation::default().hold(usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn the_cgroup_limit_is_the_smallest_on_the_way_up() {
+        let files = |map: &'static [(&'static str, &'static str)]| {
+            move |path: &str| {
+                map.iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        // A systemd unit under a slice with a tighter limit; the root has none.
+        let v2 = files(&[
+            (
+                "/sys/fs/cgroup/system.slice/tg.service/memory.max",
+                "2147483648\n",
+            ),
+            ("/sys/fs/cgroup/system.slice/memory.max", "1073741824\n"),
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+        ]);
+        assert_eq!(
+            cgroup_limit("0::/system.slice/tg.service\n", v2),
+            Some(1 << 30)
+        );
+        // Inside a container's namespace: the path is "/", the limit at the root.
+        let container = files(&[("/sys/fs/cgroup/memory.max", "536870912\n")]);
+        assert_eq!(cgroup_limit("0::/\n", container), Some(512 << 20));
+        // v1: the memory controller's line; its "no limit" is a huge number.
+        let v1 = files(&[
+            (
+                "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/docker/memory.limit_in_bytes",
+                "268435456\n",
+            ),
+        ]);
+        assert_eq!(
+            cgroup_limit("12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n", v1),
+            Some(256 << 20)
+        );
+        assert_eq!(cgroup_limit("0::/\n", files(&[])), None);
     }
 
     #[test]

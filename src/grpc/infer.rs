@@ -445,6 +445,10 @@ async fn stream_message(
     turn: Option<oneshot::Receiver<()>>,
 ) -> pb::ModelStreamInferResponse {
     let start = Instant::now();
+    // Counted from when it is whole (waiting for its turn too) until its answer: up to
+    // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed.
+    let mut held = gw.bodies.reserve();
+    let over_budget = held.hold(msg.encoded_len()).err();
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     let model = (
         msg.model_name.clone(),
@@ -468,11 +472,15 @@ async fn stream_message(
     obs.peer = peer;
     let id = msg.id.clone();
     let result = async {
+        if let Some(refused) = over_budget {
+            return Err(refused);
+        }
         let ctx = ctx?;
         let _permit = gw.admit()?;
         infer_one(gw, msg, &ctx, &mut obs).await
     }
     .await;
+    drop(held);
     let bytes_out = result.as_ref().map_or(0, |r| r.encoded_len() as u64);
     finish(
         gw,

@@ -13,6 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Status;
 
+use crate::error::GatewayError;
+
 pub const SHUTTING_DOWN: &str = "tensorgate is shutting down: this stream takes no more messages; every message answered on it was run, and any sent after the last answer was not: send those on a new stream";
 
 const OPEN: u8 = 0;
@@ -92,12 +94,12 @@ impl StreamWatch {
     /// The status the stream ends with once its answers are out, if reading was cut.
     pub fn status(&self) -> Option<Status> {
         match self.ended.load(Ordering::Acquire) {
-            SHUTDOWN => Some(Status::unavailable(SHUTTING_DOWN)),
+            SHUTDOWN => Some(GatewayError::Unavailable(SHUTTING_DOWN.into()).to_grpc()),
             IDLE => {
                 let ms = self.idle.map_or(0, |d| d.as_millis());
-                Some(Status::unavailable(format!(
-                    "the stream sent no message and awaited no answer for {ms} ms (limits.stream_idle_timeout_ms): send further requests on a new stream"
-                )))
+                Some(GatewayError::Unavailable(format!(
+                    "the stream sent no message and awaited no answer for {ms} ms (limits.stream_idle_timeout_ms); every message answered on it was run: send further requests on a new stream"
+                )).to_grpc())
             }
             _ => None,
         }
@@ -119,7 +121,7 @@ mod tests {
             (status.code(), status.message()),
             (
                 tonic::Code::Unavailable,
-                "the stream sent no message and awaited no answer for 500 ms (limits.stream_idle_timeout_ms): send further requests on a new stream"
+                "the stream sent no message and awaited no answer for 500 ms (limits.stream_idle_timeout_ms); every message answered on it was run: send further requests on a new stream"
             )
         );
     }

@@ -86,8 +86,12 @@ where
             let ready = releasable(this.pending, *this.max_message);
             if ready > 0 {
                 let whole = this.pending.split_to(ready).freeze();
+                // What is left would share the message's allocation, and keep it alive for
+                // as long as the stream idles: the tail (less than a frame) moves to a
+                // buffer of its own.
+                *this.pending = BytesMut::from(&this.pending[..]);
                 // Handed on: no longer held here (shrinking always succeeds).
-                let _ = this.held.hold(this.pending.capacity());
+                let _ = this.held.hold(this.pending.len());
                 return Poll::Ready(Some(Ok(Frame::data(whole))));
             }
             if *this.ended {
@@ -107,7 +111,7 @@ where
                             }
                             let whole = data.split_to(ready);
                             this.pending.extend_from_slice(&data);
-                            if let Err(e) = this.held.hold(this.pending.capacity()) {
+                            if let Err(e) = this.held.hold(this.pending.len()) {
                                 return Poll::Ready(Some(Err(Box::new(e.to_grpc()))));
                             }
                             if !whole.is_empty() {
@@ -115,7 +119,7 @@ where
                             }
                         } else {
                             this.pending.extend_from_slice(data.chunk());
-                            if let Err(e) = this.held.hold(this.pending.capacity()) {
+                            if let Err(e) = this.held.hold(this.pending.len()) {
                                 return Poll::Ready(Some(Err(Box::new(e.to_grpc()))));
                             }
                         }
@@ -244,10 +248,14 @@ mod tests {
             .unwrap();
         let whole = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(whole.len(), m.len());
-        assert_eq!(gauge.get(), body.pending.capacity() as i64);
+        assert_eq!(gauge.get(), 0);
+        assert_eq!(body.pending.capacity(), 0, "nothing of the message is kept");
 
+        // Another body holds 3000 of the 4096: 2000 bytes held back here do not fit.
+        let mut other = budget.reserve();
+        other.hold(3000).unwrap();
         let big = message(10_000);
-        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&big[..6000]))))
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&big[..2000]))))
             .unwrap();
         let refused = body.frame().await.unwrap().unwrap_err();
         let status = refused.downcast::<tonic::Status>().unwrap();
@@ -259,6 +267,8 @@ mod tests {
             )
         );
         drop(body);
+        assert_eq!(gauge.get(), 3000);
+        drop(other);
         assert_eq!(gauge.get(), 0);
     }
 }

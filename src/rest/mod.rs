@@ -511,9 +511,9 @@ where
             held.hold(buf.len() + data.len())?;
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {
+            held.hold(head.len() + data.len())?;
             let capacity =
                 crate::body::initial_capacity(expected as usize).max(head.len() + data.len());
-            held.hold(capacity)?;
             let mut buf = bytes::BytesMut::with_capacity(capacity);
             buf.extend_from_slice(&head);
             buf.extend_from_slice(&data);

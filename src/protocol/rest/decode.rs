@@ -410,9 +410,24 @@ pub fn decode_request(
     // Well-formed requests take the single-pass path; anything else, including every
     // error, goes through serde, which also words the error.
     check_json_size(&json, "request", limits)?;
+    let lenient;
     let wire: WireRequest = match super::fast_request::parse_request(&json, limits) {
         Some(w) => w,
-        None => parse_json(&json, "request", limits).map_err(|e| {
+        // The bare literals the fast path reads in float data stop serde: read as the
+        // strings that stand for them, so that a document does not turn valid or not with
+        // the decoder that reads it (such a literal in BYTES data then reads as its text).
+        None => match quote_non_finite(&json) {
+            Some(quoted) => {
+                lenient = quoted;
+                let grown = Limits {
+                    max_json_bytes: limits.max_json_bytes + (lenient.len() - json.len()),
+                    ..limits.clone()
+                };
+                parse_json(&lenient, "request", &grown)
+            }
+            None => parse_json(&json, "request", limits),
+        }
+        .map_err(|e| {
             if let Some(kind) = not_an_object(&json) {
                 return ProtocolError::invalid(format!(
                     "the request must be a JSON object, not {kind}"
@@ -1091,20 +1106,33 @@ mod tests {
             .collect();
         assert!(v[0].is_nan());
         assert_eq!(&v[1..], &[f32::NEG_INFINITY, f32::INFINITY]);
-        let e = err(&input(r#""datatype":"INT64","shape":[1],"data":[NaN]"#));
-        assert!(e.starts_with("input 'X': field 'data': "), "{e}");
+        // In integer data they stay errors, named by tensor and element.
+        assert_eq!(
+            err(&input(r#""datatype":"INT64","shape":[1],"data":[NaN]"#)),
+            "input 'X': data element 0 is a string; INT64 needs a number"
+        );
         // Outside data, where Triton reads no tensor, they are not JSON.
         let e = err(&input(
             r#""datatype":"FP32","shape":[1],"data":[1],"parameters":{"p":NaN}"#,
         ));
         assert!(e.starts_with("input 'X': field 'parameters"), "{e}");
-        // A document only serde reads (an escaped key) keeps the hint.
-        let e = err(r#"{"inp\u0075ts":[{"name":"X","datatype":"FP32","shape":[1],"data":[NaN]}]}"#);
-        assert!(
-            e.ends_with(
-                "(write non-finite floats as the strings \"NaN\", \"Infinity\" and \"-Infinity\")"
+        // A document only serde reads (an escaped key) reads them too, as the fast path does;
+        // and a fault elsewhere in it is named where it is, not at the literal.
+        let escaped = r#"{"inp\u0075ts":[{"name":"X","datatype":"FP32","shape":[2],"data":[NaN,-Infinity]}]}"#;
+        let RequestBody::Message(r) = decode_request(
+            &Bytes::from_static(escaped.as_bytes()),
+            None,
+            &Limits::default(),
+        )
+        .unwrap() else {
+            panic!("a message")
+        };
+        assert_eq!(r.inputs[0].data.len(), 8);
+        assert_eq!(
+            err(
+                r#"{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":[NaN]},{"name":"Y","datatype":"INT8","shape":[1],"data":[300]}]}"#
             ),
-            "{e}"
+            "input 'Y': data element 0 (300) is out of range for INT8"
         );
     }
 
