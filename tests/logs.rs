@@ -344,8 +344,11 @@ async fn a_layers_refusal_is_logged_with_its_message() {
         "/v2/health/ready",
     )
     .await;
+    // With a request id far longer than any log line should be.
+    let long_id = "i".repeat(60_000);
     let r = reqwest::Client::new()
         .post(format!("{}/v2/models/accumulate/infer", gw.base))
+        .header("x-request-id", &long_id)
         .body(BODY)
         .send()
         .await
@@ -374,5 +377,13 @@ async fn a_layers_refusal_is_logged_with_its_message() {
             &serde_json::json!(message)
         ),
         "{text}"
+    );
+    // Quoted, never more than a screenful of it: the line stays whole for a JSON pipeline.
+    assert_eq!(
+        f["request_id"],
+        format!(
+            "{}... (59744 more bytes of this message left out)",
+            "i".repeat(256)
+        )
     );
 }

@@ -537,6 +537,17 @@ pub fn access_log(
         .map_or(std::borrow::Cow::Borrowed("-"), |m| cut_short(m, 256));
     let error = error.map(|e| cut_short(e, MESSAGE_MAX));
     let path = cut_short(path, 1024);
+    // Client-chosen too: a 60 KB x-request-id would make a 60 KB line, which the container
+    // runtime splits (past 16 KiB) and a JSON log pipeline can then no longer parse.
+    let request_id = obs
+        .request_id
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .map_or(std::borrow::Cow::Borrowed("-"), |id| cut_short(id, 256));
+    let sequence = obs
+        .sequence
+        .as_deref()
+        .map_or(std::borrow::Cow::Borrowed("-"), |s| cut_short(s, 256));
     macro_rules! line {
         ($level:ident) => {
             tracing::$level!(
@@ -551,13 +562,9 @@ pub fn access_log(
                 bytes_out,
                 duration_us = elapsed.as_micros() as u64,
                 peer = %PeerOrDash(obs.peer),
-                sequence_id = obs.sequence.as_deref().unwrap_or("-"),
+                sequence_id = &*sequence,
                 traceparent = obs.traceparent.as_deref().unwrap_or("-"),
-                request_id = obs
-                    .request_id
-                    .as_ref()
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("-"),
+                request_id = &*request_id,
                 error = error.as_deref().unwrap_or("-"),
             )
         };
