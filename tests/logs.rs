@@ -387,3 +387,92 @@ async fn a_layers_refusal_is_logged_with_its_message() {
         )
     );
 }
+
+/// An inference refused for a model or version the gateway does not serve counts in no
+/// model's series, but its access line names the model its path (or gRPC message) asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_inference_names_its_model_in_the_access_line() {
+    let (port, metrics, grpc) = (free_port(), free_port(), free_port());
+    let gw = LoggingGateway::start(
+        "unknown-model",
+        port,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\nlog_format = \"json\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
+        ),
+        "/v2/health/ready",
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for path in [
+        "/v2/models/nosuch/infer",
+        "/v2/models/simple/versions/7/infer",
+    ] {
+        let r = client
+            .post(format!("{}{path}", gw.base))
+            .body(BODY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+    }
+    let mut c = common_grpc::connect(([127, 0, 0, 1], grpc).into()).await;
+    let unknown = |model: &str| pb::ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![common_grpc::input("INPUT0", "INT32", &[1, 16])],
+        raw_input_contents: vec![common_grpc::le_i32(&[1; 16])],
+        ..Default::default()
+    };
+    let status = c.model_infer(unknown("grpc-nosuch")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    let answers: Vec<pb::ModelStreamInferResponse> = tokio::time::timeout(
+        Duration::from_secs(20),
+        futures_util::StreamExt::collect::<Vec<_>>(
+            c.model_stream_infer(futures_util::stream::iter(vec![unknown("stream-nosuch")]))
+                .await
+                .unwrap()
+                .into_inner(),
+        ),
+    )
+    .await
+    .expect("the stream ends")
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    assert_eq!(answers.len(), 1);
+    assert!(
+        answers[0].error_message.contains("stream-nosuch"),
+        "{answers:?}"
+    );
+    let text = gw.stop();
+    let models: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "tensorgate::access")
+        .map(|v| {
+            (
+                v["fields"]["path"].as_str().unwrap().to_string(),
+                v["fields"]["model"].as_str().unwrap().to_string(),
+            )
+        })
+        .filter(|(path, _)| path.ends_with("Infer") || path.ends_with("/infer"))
+        .collect();
+    assert_eq!(
+        models,
+        [
+            ("/v2/models/nosuch/infer".to_string(), "nosuch".to_string()),
+            (
+                "/v2/models/simple/versions/7/infer".to_string(),
+                "simple".to_string()
+            ),
+            (
+                "/inference.GRPCInferenceService/ModelInfer".to_string(),
+                "grpc-nosuch".to_string()
+            ),
+            (
+                "/inference.GRPCInferenceService/ModelStreamInfer".to_string(),
+                "stream-nosuch".to_string()
+            ),
+        ],
+        "{text}"
+    );
+}

@@ -153,7 +153,7 @@ pub(super) async fn call(
     finish(
         gw,
         INFER_PATH,
-        &mut obs,
+        (&mut obs, named.get().map(|(m, _)| m.as_str())),
         result.as_ref().err(),
         start,
         bytes_out,
@@ -226,7 +226,7 @@ pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
         finish(
             gw,
             path,
-            &mut Observation::new(Protocol::Grpc),
+            (&mut Observation::new(Protocol::Grpc), None),
             Some(e),
             Instant::now(),
             0,
@@ -246,10 +246,12 @@ pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
 }
 
 /// Records one RPC (or one message of a stream): metrics, statistics and the access log.
+/// `named`: the model the message names, for the access line of a request that counts in
+/// no model's series (a model or version the gateway does not serve).
 fn finish(
     gw: &Gateway,
     path: &str,
-    obs: &mut Observation,
+    (obs, named): (&mut Observation, Option<&str>),
     error: Option<&GatewayError>,
     start: Instant,
     bytes_out: u64,
@@ -265,6 +267,9 @@ fn finish(
         .inc();
     obs.failure = error.map(crate::gateway::observe::failure_of);
     record_infer(&gw.metrics, &gw.stats, obs, status, elapsed, bytes_out);
+    if obs.model.is_none() {
+        obs.model = named.filter(|m| !m.is_empty()).map(str::to_string);
+    }
     access_log(
         "gRPC",
         path,
@@ -449,6 +454,7 @@ async fn stream_message(
     // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed.
     let mut held = gw.bodies.reserve();
     let over_budget = held.hold(msg.encoded_len()).err();
+    let name = msg.model_name.clone();
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     let model = (
         msg.model_name.clone(),
@@ -485,7 +491,7 @@ async fn stream_message(
     finish(
         gw,
         STREAM_PATH,
-        &mut obs,
+        (&mut obs, Some(&name)),
         result.as_ref().err(),
         start,
         bytes_out,

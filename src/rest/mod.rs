@@ -192,6 +192,13 @@ where
         .inc();
     if is_infer {
         observe::record_infer(&gw.metrics, &gw.stats, &obs, status, elapsed, bytes_out);
+        // A model or version the gateway does not serve counts in no series, but its
+        // access line still names what the path asked for.
+        if obs.model.is_none() {
+            if let Ok(Route::Infer { model, .. }) = routes::route(&method, &path) {
+                obs.model = Some(model);
+            }
+        }
     }
     observe::access_log(
         method.as_str(),
