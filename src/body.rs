@@ -123,7 +123,7 @@ pub fn encoded_response(body: EncodedBody) -> Response<Body> {
         .header(header::CONTENT_TYPE, body.content_type());
     if let Some(n) = body.header_length() {
         r = r.header(
-            crate::protocol::rest::decode::HEADER_CONTENT_LENGTH,
+            crate::headers::INFERENCE_HEADER_CONTENT_LENGTH,
             HeaderValue::from(n as u64),
         );
     }

@@ -72,9 +72,7 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("(not a string)")
 }
 
-/// The header with which a tensorgate worker marks a 500 that is a model's failure on one
-/// request, not the server's ill health; a gateway in front passes it on.
-pub const MODEL_FAILURE: &str = "tensorgate-model-failure";
+pub use crate::headers::MODEL_FAILURE;
 
 impl GatewayError {
     pub fn status(&self) -> StatusCode {

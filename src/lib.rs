@@ -7,6 +7,7 @@ pub mod error;
 pub mod fleet;
 pub mod gateway;
 pub mod grpc;
+pub mod headers;
 pub mod logformat;
 pub mod logwriter;
 pub mod metrics;

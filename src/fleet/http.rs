@@ -20,7 +20,6 @@ use super::backend::{
 use super::pool::{BackendBody, ConnPool, Connector, SendError};
 use crate::body::{full, Body, PartsBody};
 use crate::models::repository::{IndexEntry as RepoEntry, ModelState};
-use crate::protocol::rest::decode::HEADER_CONTENT_LENGTH;
 use crate::protocol::tolerance::Tolerance;
 use crate::protocol::{ModelMetadata, ServerMetadata};
 
@@ -591,7 +590,10 @@ impl Backend for HttpBackend {
                 .uri(uri)
                 .header(header::CONTENT_TYPE, body.content_type);
             if let Some(n) = body.header_length {
-                req = req.header(HEADER_CONTENT_LENGTH, HeaderValue::from(n as u64));
+                req = req.header(
+                    crate::headers::INFERENCE_HEADER_CONTENT_LENGTH,
+                    HeaderValue::from(n as u64),
+                );
             }
             for (k, v) in &call.headers {
                 req = req.header(k, v);

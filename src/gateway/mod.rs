@@ -25,10 +25,7 @@ use crate::metrics::Metrics;
 use crate::pinstore::PinStore;
 use crate::routing::Router;
 
-/// Echoed to the client and passed to backends, for correlating logs.
-pub const REQUEST_ID: &str = "x-request-id";
-/// The backend that served (or failed) a request, on REST answers and gRPC metadata alike.
-pub const BACKEND_HEADER: &str = "x-tensorgate-backend";
+pub use crate::headers::{BACKEND as BACKEND_HEADER, REQUEST_ID};
 
 pub struct Gateway {
     config: ArcSwap<Config>,

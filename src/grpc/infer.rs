@@ -20,7 +20,8 @@ use crate::gateway::core::{self, InferContext, Outcome, Protocol};
 use crate::gateway::observe::{
     access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
 };
-use crate::gateway::{Gateway, Raised, BACKEND_HEADER, REQUEST_ID};
+use crate::gateway::{Gateway, Raised, REQUEST_ID};
+use crate::headers::names;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb, peek_sequence_id};
 
 /// Requests of one stream handled at once; further messages wait to be read, which
@@ -64,8 +65,8 @@ impl RpcContext {
             }
         };
         Ok(RpcContext {
-            traceparent: header("traceparent"),
-            request_id: header(REQUEST_ID),
+            traceparent: header(names::TRACEPARENT),
+            request_id: header(names::REQUEST_ID),
             deadline,
         })
     }
@@ -123,7 +124,7 @@ pub(super) async fn call(
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
-    let request_id = headers.get(REQUEST_ID).cloned();
+    let request_id = headers.get(&REQUEST_ID).cloned();
     // The model, once the message has named it: a call cancelled after that is a CANCELED
     // failure of that model's, as on a stream and over REST.
     let named = std::sync::OnceLock::new();
@@ -165,7 +166,7 @@ pub(super) async fn call(
         .and_then(|b| MetadataValue::try_from(b).ok());
     let mut answer_metadata = MetadataMap::new();
     if let Some(b) = backend {
-        answer_metadata.insert(BACKEND_HEADER, b);
+        answer_metadata.insert(names::BACKEND, b);
     }
     (result, answer_metadata)
 }

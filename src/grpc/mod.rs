@@ -116,9 +116,7 @@ pub fn grpc_service(gw: Arc<Gateway>) -> GrpcService {
     tower::ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panicked as PanicHandler))
         .layer(tower::layer::layer_fn(OnlyGrpc))
-        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
-            crate::gateway::REQUEST_ID,
-        )))
+        .layer(PropagateRequestIdLayer::new(crate::headers::REQUEST_ID))
         .layer(AuthLayer::auth(
             gw.clone(),
             GrpcPolicy {

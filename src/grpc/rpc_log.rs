@@ -30,7 +30,7 @@ impl Line {
         peer: Option<std::net::SocketAddr>,
     ) -> Self {
         let mut obs = Observation::new(Protocol::Grpc);
-        obs.request_id = request_headers.get(crate::gateway::REQUEST_ID).cloned();
+        obs.request_id = request_headers.get(&crate::gateway::REQUEST_ID).cloned();
         obs.peer = peer;
         Line {
             path: path.to_string(),

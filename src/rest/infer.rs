@@ -13,9 +13,8 @@ use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Original, Outcome};
 use crate::gateway::observe::{Observation, Phase};
 use crate::gateway::{Gateway, REQUEST_ID};
-use crate::protocol::rest::decode::{
-    decode_request, parse_header_length, RequestBody, HEADER_CONTENT_LENGTH,
-};
+use crate::headers::{INFERENCE_HEADER_CONTENT_LENGTH, TRACEPARENT};
+use crate::protocol::rest::decode::{decode_request, parse_header_length, RequestBody};
 use crate::protocol::rest::encode::encode_response;
 use crate::protocol::rest::raw::expand_raw;
 use crate::protocol::{InferRequest, InferResponse};
@@ -27,14 +26,17 @@ pub fn check_header_length(
     headers: &http::HeaderMap,
     max_json: usize,
 ) -> Result<Option<usize>, GatewayError> {
-    let mut values = headers.get_all(HEADER_CONTENT_LENGTH).iter();
+    let mut values = headers.get_all(&INFERENCE_HEADER_CONTENT_LENGTH).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
     if values.any(|v| v != first) {
         return Err(GatewayError::BadRequest(format!(
             "Inference-Header-Content-Length is sent {} times with different values; send it once",
-            headers.get_all(HEADER_CONTENT_LENGTH).iter().count()
+            headers
+                .get_all(&INFERENCE_HEADER_CONTENT_LENGTH)
+                .iter()
+                .count()
         )));
     }
     let n = parse_header_length(first.as_bytes())?;
@@ -59,7 +61,7 @@ pub async fn infer(
     let decoding = Phase::start();
     let limits = config.limits.protocol();
     // Checked before the body was read (`check_header_length`); the codec reads it too.
-    let raw_header = parts.headers.get(HEADER_CONTENT_LENGTH);
+    let raw_header = parts.headers.get(&INFERENCE_HEADER_CONTENT_LENGTH);
     let (req, binary_in) =
         match decode_request(&body, raw_header.map(HeaderValue::as_bytes), &limits)? {
             RequestBody::Message(r) => {
@@ -75,8 +77,8 @@ pub async fn infer(
     let ctx = InferContext {
         model,
         version,
-        traceparent: parts.headers.get("traceparent"),
-        request_id: parts.headers.get(REQUEST_ID),
+        traceparent: parts.headers.get(&TRACEPARENT),
+        request_id: parts.headers.get(&REQUEST_ID),
         transport_deadline: None,
         original: Some(Original {
             body: &body,
@@ -129,7 +131,7 @@ fn pass_through(backend: http::Response<crate::gateway::core::BackendBody>) -> R
     for name in [
         header::CONTENT_TYPE,
         header::CONTENT_LENGTH,
-        header::HeaderName::from_static(HEADER_CONTENT_LENGTH),
+        INFERENCE_HEADER_CONTENT_LENGTH,
     ] {
         if let Some(v) = parts.headers.get(&name) {
             r = r.header(name, v);

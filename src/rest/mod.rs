@@ -124,7 +124,7 @@ where
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let is_infer = path.ends_with("/infer");
-    let request_id = req.headers().get(crate::gateway::REQUEST_ID).cloned();
+    let request_id = req.headers().get(&crate::gateway::REQUEST_ID).cloned();
     let peer = observe::PeerAddr::of(req.extensions());
     let abandoned = observe::Abandoned::new(|| {
         went_away(

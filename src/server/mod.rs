@@ -423,9 +423,7 @@ impl Predicate for InferAnswers {
 pub fn with_layers<S>(inner: S) -> Layered<S> {
     ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(panic_response as PanicHandler))
-        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
-            crate::gateway::REQUEST_ID,
-        )))
+        .layer(PropagateRequestIdLayer::new(crate::headers::REQUEST_ID))
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(InferAnswers)))
         .layer(tower::layer::layer_fn(CanonicalCoding))
         .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))

@@ -19,8 +19,9 @@ use crate::fleet::{BackendHandle, CatalogEntry};
 use crate::gateway::labels::Labels;
 use crate::gateway::observe::{Observation, Phase, SHUT_DOWN};
 use crate::gateway::Gateway;
+use crate::headers::INFERENCE_HEADER_CONTENT_LENGTH;
 use crate::pinstore::Claimed;
-use crate::protocol::rest::decode::{decode_backend_response, HEADER_CONTENT_LENGTH};
+use crate::protocol::rest::decode::decode_backend_response;
 use crate::protocol::rest::encode::{encode_request, CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{InferRequest, Limits, ModelMetadata, SequenceId};
 use crate::routing::Route;
@@ -475,7 +476,7 @@ impl Attempt<'_> {
                 // A model's failure on this request (a tensorgate worker marks it) would
                 // fail on any replica: it says nothing of the backend's health, and counting
                 // it would let one client's input eject a whole fleet.
-                let model_failed = headers.contains_key(MODEL_FAILURE);
+                let model_failed = headers.contains_key(&MODEL_FAILURE);
                 if status.is_server_error() && !model_failed {
                     self.record_failure(backend);
                 }
@@ -542,7 +543,7 @@ impl Attempt<'_> {
         })?;
         let output = Phase::start();
         let hl = headers
-            .get(HEADER_CONTENT_LENGTH)
+            .get(&INFERENCE_HEADER_CONTENT_LENGTH)
             .map(HeaderValue::as_bytes);
         let (resp, tolerated) = decode_backend_response(&bytes, hl, self.limits).map_err(|e| {
             GatewayError::BadGateway(format!(

@@ -117,7 +117,7 @@ pub async fn infer(
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
     obs.traceparent = trace.to_str().ok().map(String::from);
-    headers.insert("traceparent", trace);
+    headers.insert(crate::headers::TRACEPARENT, trace);
     if let Some(id) = ctx.request_id {
         headers.insert(super::REQUEST_ID, id.clone());
     }
