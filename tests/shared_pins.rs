@@ -933,6 +933,105 @@ async fn a_start_on_another_replica_keeps_the_stored_backend() {
     b.shutdown().await;
 }
 
+/// A start that moves a pin (the replica that takes it cannot use the stored backend) is
+/// announced: a replica that cached the old backend drops it at once and follows the store,
+/// instead of sending the id's next requests to the old sequence's state until its renewal
+/// (a user saw 200s with the old sums for up to a quarter of the idle timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_moves_a_pin_is_followed_by_every_replica_at_once() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let (both, second): (Vec<&Worker>, Vec<&Worker>) =
+        (workers.iter().collect(), vec![&workers[1]]);
+    // Renewals every 15 s: none comes within the test, so only the announcement can move A.
+    let fleet = pins_toml("sequence_idle_timeout_ms = 60000", &redis.url());
+    let a = start_gateway(gateway_config(&both, &fleet)).await;
+    let b = start_gateway(gateway_config(&second, &fleet)).await;
+    let (base_a, base_b) = (base(&a), base(&b));
+    let client = http_client();
+    let mut moved = 0;
+    for id in 1..=16u64 {
+        let first = accumulate(&client, &base_a, id, true, false, 1).await;
+        assert_eq!(first.status, 200, "{first:?}");
+        if first.backend.as_deref() != Some(workers[0].name.as_str()) {
+            continue;
+        }
+        moved += 1;
+        let r = accumulate(&client, &base_a, id, false, false, 10).await;
+        assert_eq!(r.output_int("OUTPUT0"), Some(11), "{r:?}");
+        // B knows only the second worker: its start runs there and stores it.
+        let restart = accumulate(&client, &base_b, id, true, false, 100).await;
+        assert_eq!(
+            (restart.output_int("OUTPUT0"), restart.backend.as_deref()),
+            (Some(100), Some(workers[1].name.as_str())),
+            "sequence {id}: {restart:?}"
+        );
+        let seq = SequenceId::Uint(id);
+        let followed = eventually(100, Duration::from_millis(20), || async {
+            a.gateway.router.pins.get("accumulate", &seq).as_deref()
+                != Some(workers[0].url.as_str())
+        })
+        .await;
+        assert!(followed, "sequence {id}: A kept its pin to the old backend");
+        let next = accumulate(&client, &base_a, id, false, false, 1000).await;
+        assert_eq!(
+            (next.output_int("OUTPUT0"), next.backend.as_deref()),
+            (Some(1100), Some(workers[1].name.as_str())),
+            "sequence {id}: {next:?}"
+        );
+    }
+    assert!(
+        moved >= 3,
+        "only {moved} of 16 sequences started on the first worker"
+    );
+    assert_eq!(store_errors(&a) + store_errors(&b), 0);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A replica whose cached pin is out of date (it missed that the id was started again on
+/// another backend) ends or loses the sequence it knows, and leaves the store's pin, which
+/// belongs to a sequence that lives, where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_date_pin_removes_no_live_pin_from_the_store() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let fleet = pins_toml("sequence_idle_timeout_ms = 60000", &redis.url());
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
+    let b = base(&gw);
+    let client = http_client();
+    let key = format!("{PREFIX}accumulate:u:61");
+    let r = accumulate(&client, &b, 61, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let other = workers
+        .iter()
+        .find(|w| Some(&w.name) != r.backend.as_ref())
+        .unwrap();
+    // Written behind the gateway's back, without an announcement: its cache is out of date.
+    let mut c = redis.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&other.url)
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut c)
+        .unwrap();
+    let end = accumulate(&client, &b, 61, false, true, 2).await;
+    assert_eq!(
+        (
+            end.status,
+            end.output_int("OUTPUT0"),
+            end.backend.as_deref()
+        ),
+        (200, Some(3), r.backend.as_deref()),
+        "{end:?}"
+    );
+    assert_eq!(redis.get(&key), Some(other.url.clone()));
+    assert_eq!(store_errors(&gw), 0);
+    gw.shutdown().await;
+}
+
 /// Counts the lookups of every name it answers for.
 #[derive(Clone, Default)]
 struct CountingResolver {

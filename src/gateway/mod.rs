@@ -110,7 +110,7 @@ impl Gateway {
             .buffered_body_limit
             .set(i64::try_from(limit).unwrap_or(i64::MAX));
         let bodies = body_budget::BodyBudget::new(limit, metrics.buffered_body_bytes.clone());
-        Ok(Gateway {
+        let gw = Gateway {
             labels: ArcSwap::from_pointee(labels::Labels::load(&config)?),
             router: Router::new(
                 config.fleet.max_sequences,
@@ -137,7 +137,11 @@ impl Gateway {
             reload_lock: tokio::sync::Mutex::new(()),
             caught_up: tokio::sync::Mutex::new(None),
             config: ArcSwap::new(config),
-        })
+        };
+        if let Some(store) = &gw.pin_store {
+            store.follow_changes(gw.router.pins.clone());
+        }
+        Ok(gw)
     }
 
     pub fn config(&self) -> Arc<Config> {

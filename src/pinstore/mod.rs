@@ -231,7 +231,7 @@ impl PinStore {
         let Some(id) = &opts.sequence_id else { return };
         if opts.sequence_end {
             let key = self.redis.key(model, id);
-            self.run(Op::Remove, self.redis.remove(&key)).await;
+            self.run(Op::Remove, self.redis.remove(&key, backend)).await;
         } else if moved
             && self
                 .run(Op::Put, self.redis.put(&self.redis.key(model, id), backend))
@@ -242,11 +242,62 @@ impl PinStore {
         }
     }
 
-    /// Forgets the claim a request created for a sequence that no backend took, so that
-    /// requests nothing accepts leave no keys behind.
-    pub async fn forget(&self, model: &str, id: &SequenceId) {
+    /// Forgets the pin of a sequence on `backend`: a claim this request created that no
+    /// backend took (requests nothing accepts leave no keys behind), or a sequence whose
+    /// backend lost it. Only while the store still names `backend`: a replica whose cached
+    /// pin is out of date must not remove the pin of a sequence that lives elsewhere.
+    pub async fn forget(&self, model: &str, id: &SequenceId, backend: &str) {
         let key = self.redis.key(model, id);
-        self.run(Op::Remove, self.redis.remove(&key)).await;
+        self.run(Op::Remove, self.redis.remove(&key, backend)).await;
+    }
+
+    /// Follows the pins other replicas move or remove, announced on the store's changes
+    /// channel: a cached pin that names another backend is dropped, so that the sequence's
+    /// next request asks the store, instead of reaching the old sequence's state until the
+    /// next renewal. While the subscription is down, announcements are missed: each new
+    /// subscription therefore makes every cached pin ask the store once more. Ends with the
+    /// store.
+    pub fn follow_changes(self: &Arc<Self>, pins: Arc<PinTable>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                let Some(s) = store.upgrade() else { return };
+                let subscribed =
+                    tokio::time::timeout(STARTUP_PROBE, s.redis.subscribe_to_changes()).await;
+                let prefix = s.redis.prefix().to_string();
+                drop(s);
+                let Ok(Ok(pubsub)) = subscribed else {
+                    tokio::time::sleep(BACKOFF).await;
+                    continue;
+                };
+                pins.distrust_all();
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    // Woken once a second at least, to end with the store.
+                    let next =
+                        tokio::time::timeout(BACKOFF, futures_util::StreamExt::next(&mut messages))
+                            .await;
+                    if store.strong_count() == 0 {
+                        return;
+                    }
+                    match next {
+                        Err(_) => continue,
+                        Ok(None) => break,
+                        Ok(Some(message)) => {
+                            if let Some((backend, model, id)) =
+                                redis_pins::parse_change(&prefix, message.get_payload_bytes())
+                            {
+                                pins.follow_change(&model, &id, backend.as_deref());
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(BACKOFF).await;
+            }
+        });
     }
 
     fn refresh_later(self: &Arc<Self>, pins: Arc<PinTable>, model: &str, id: SequenceId) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Client;
+use redis::{Client, Script};
 
 use crate::config::redis_url::redact;
 
@@ -13,13 +13,44 @@ use crate::protocol::SequenceId;
 
 use super::claims::{Claimed, Claims};
 
+/// Stores ARGV[1] for KEYS[1] with the TTL ARGV[2] whatever was there, and when it replaces
+/// another backend, announces it on KEYS[2] (the changes channel; a key, so that the script
+/// names everything it touches) as `backend\nkey`: replicas that cached the old backend
+/// drop it, rather than send the id's next requests to the old sequence's state until their
+/// next renewal.
+const PUT: &str = r"
+local old = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if old and old ~= ARGV[1] then
+  redis.call('PUBLISH', KEYS[2], ARGV[1] .. '\n' .. KEYS[1])
+end
+return 0
+";
+
+/// Deletes KEYS[1] only while it holds ARGV[1], the backend the caller knows the sequence
+/// by, and announces the deletion on KEYS[2] (`\nkey`: no backend). A replica whose cached
+/// pin is out of date (another replica ended the sequence and a third started the id again
+/// elsewhere) must not delete the pin of a sequence that lives.
+const REMOVE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[2], '\n' .. KEYS[1])
+  return 1
+end
+return 0
+";
+
 pub struct RedisPins {
-    /// For the startup probe, which opens a connection of its own.
+    /// For the startup probe and the changes channel, which open connections of their own.
     client: Client,
     conn: ConnectionManager,
     claims: Claims,
     prefix: String,
+    /// Where pins that move or go are announced: `{prefix}changes`.
+    channel: String,
     ttl_ms: u64,
+    put: Script,
+    remove: Script,
 }
 
 impl RedisPins {
@@ -61,8 +92,24 @@ impl RedisPins {
             claims: Claims::new(conn.clone(), ttl_ms, claim_trips),
             conn,
             prefix: prefix.to_string(),
+            channel: changes_channel(prefix),
             ttl_ms,
+            put: Script::new(PUT),
+            remove: Script::new(REMOVE),
         })
+    }
+
+    /// The key prefix, to read the keys the changes channel names.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A connection subscribed to the changes channel: each message is `backend\nkey` (a
+    /// pin that moved to `backend`) or `\nkey` (a pin removed).
+    pub async fn subscribe_to_changes(&self) -> redis::RedisResult<redis::aio::PubSub> {
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub.subscribe(&self.channel).await?;
+        Ok(pubsub)
     }
 
     /// Opens a connection and sends PING, within `wait`. At startup, with more time than an
@@ -97,22 +144,53 @@ impl RedisPins {
     }
 
     /// Stores `backend` whatever was there: a start begins a new sequence, and a past owner
-    /// that served the sequence holds its state.
+    /// that served the sequence holds its state. A replaced backend is announced (`PUT`).
     pub async fn put(&self, key: &str, backend: &str) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(key)
+        self.put
+            .key(key)
+            .key(&self.channel)
             .arg(backend)
-            .arg("PX")
             .arg(self.ttl_ms)
-            .query_async(&mut conn)
+            .invoke_async::<i64>(&mut conn)
             .await
+            .map(drop)
     }
 
-    pub async fn remove(&self, key: &str) -> redis::RedisResult<()> {
+    /// Removes the pin if it still names `backend`, and announces it (`REMOVE`).
+    pub async fn remove(&self, key: &str, backend: &str) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
-        redis::cmd("DEL").arg(key).query_async(&mut conn).await
+        self.remove
+            .key(key)
+            .key(&self.channel)
+            .arg(backend)
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(drop)
     }
+}
+
+/// The channel on which the replicas sharing `prefix` announce pins that moved or went.
+pub fn changes_channel(prefix: &str) -> String {
+    format!("{prefix}changes")
+}
+
+/// A change announced on the channel: the sequence's new backend (`None`: its pin was
+/// removed), its model and its id. `None` for a message that names no key under `prefix`.
+pub fn parse_change(prefix: &str, message: &[u8]) -> Option<(Option<String>, String, SequenceId)> {
+    let message = std::str::from_utf8(message).ok()?;
+    let (backend, key) = message.split_once('\n')?;
+    let rest = key.strip_prefix(prefix)?;
+    // The model's own ':' are escaped, so the first ':' ends it.
+    let (model, rest) = rest.split_once(':')?;
+    let model = model.replace("%3A", ":").replace("%25", "%");
+    let id = match rest.split_once(':')? {
+        ("u", n) => SequenceId::Uint(n.parse().ok()?),
+        ("s", s) => SequenceId::String(s.to_string()),
+        _ => return None,
+    };
+    let backend = (!backend.is_empty()).then(|| backend.to_string());
+    Some((backend, model, id))
 }
 
 /// `{prefix}{model}:u:{id}` or `{prefix}{model}:s:{id}`, so that 7 and "7" differ. The model
@@ -143,6 +221,36 @@ pub fn pin_key(prefix: &str, model: &str, id: &SequenceId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn announced_changes_read_back_as_the_keys_they_name() {
+        let p = "tensorgate:pin:";
+        for (model, id) in [
+            ("accumulate", SequenceId::Uint(u64::MAX)),
+            ("a:s%3A", SequenceId::String("u:7\nnext line".into())),
+            ("m", SequenceId::String(String::new())),
+        ] {
+            let key = pin_key(p, model, &id);
+            assert_eq!(
+                parse_change(p, format!("http://b:8000\n{key}").as_bytes()),
+                Some((Some("http://b:8000".into()), model.to_string(), id.clone()))
+            );
+            assert_eq!(
+                parse_change(p, format!("\n{key}").as_bytes()),
+                Some((None, model.to_string(), id))
+            );
+        }
+        for junk in [
+            &b"no newline"[..],
+            b"\nother:prefix:m:u:1",
+            b"\ntensorgate:pin:m:x:1",
+            b"\ntensorgate:pin:m:u:not a number",
+            b"\ntensorgate:pin:m",
+            b"\xff\ntensorgate:pin:m:u:1",
+        ] {
+            assert_eq!(parse_change(p, junk), None, "{junk:?}");
+        }
+    }
 
     #[test]
     fn keys_are_readable_and_unambiguous() {

@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -142,6 +142,9 @@ pub struct PinTable {
     count: AtomicUsize,
     cap: usize,
     idle: Duration,
+    /// Pins confirmed before this time (ms on the table's clock) are `Stale` to a shared
+    /// store: changes to them may have been missed (`distrust_all`).
+    trusted_since: AtomicU64,
 }
 
 impl PinTable {
@@ -153,6 +156,7 @@ impl PinTable {
             count: AtomicUsize::new(0),
             cap,
             idle,
+            trusted_since: AtomicU64::new(0),
         }
     }
 
@@ -235,7 +239,7 @@ impl PinTable {
         let (ttl, refresh_every) = (ttl.as_millis() as u64, refresh_every.as_millis() as u64);
         let now = self.now();
         let age = now.saturating_sub(pin.confirmed);
-        if age >= ttl {
+        if age >= ttl || pin.confirmed < self.trusted_since.load(Ordering::Relaxed) {
             return Cached::Stale;
         }
         let refresh = age >= refresh_every && now >= pin.refresh_after;
@@ -254,6 +258,29 @@ impl PinTable {
             }
             pin.confirmed = self.now();
         }
+    }
+
+    /// Another replica moved a sequence to `backend`, or removed its pin (`None`), in the
+    /// shared store: a pin here that names another backend goes, and the sequence's next
+    /// request asks the store. One that names `backend` already stays.
+    pub fn follow_change(&self, model: &str, id: &SequenceId, backend: Option<&str>) {
+        let key = (model, id);
+        let key = &key as &dyn KeyParts;
+        if self
+            .pins
+            .remove_if(key, |_, p| backend != Some(&*p.backend))
+            .is_some()
+        {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes every pin confirmed so far `Stale` to a shared store, so that each asks it once
+    /// more: the changes announced meanwhile may have been missed.
+    pub fn distrust_all(&self) {
+        // A pin confirmed in this very millisecond stays trusted: it was read after the
+        // subscription began.
+        self.trusted_since.store(self.now(), Ordering::Relaxed);
     }
 
     pub fn remove(&self, model: &str, id: &SequenceId) {
@@ -297,6 +324,41 @@ mod tests {
         assert_eq!(t.get("other", &id), None);
         t.remove("m", &id);
         assert_eq!(t.get("m", &id), None);
+    }
+
+    #[test]
+    fn announced_changes_drop_pins_that_name_another_backend() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let (one, two) = (SequenceId::Uint(1), SequenceId::Uint(2));
+        assert!(t.insert("m", &one, "b1"));
+        assert!(t.insert("m", &two, "b1"));
+        // Moved to where this replica already sends it: nothing to do.
+        t.follow_change("m", &one, Some("b1"));
+        assert_eq!(t.get("m", &one).as_deref(), Some("b1"));
+        t.follow_change("m", &one, Some("b2"));
+        assert_eq!(t.get("m", &one), None);
+        t.follow_change("m", &two, None);
+        assert_eq!(t.get("m", &two), None);
+        assert!(t.is_empty());
+        // A change to a sequence this replica never saw is no pin to drop.
+        t.follow_change("m", &SequenceId::Uint(3), None);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn distrusted_pins_are_stale_until_confirmed_again() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let (ttl, every) = (Duration::from_secs(60), Duration::from_secs(15));
+        let id = SequenceId::Uint(1);
+        assert!(t.insert("m", &id, "b1"));
+        std::thread::sleep(Duration::from_millis(3));
+        t.distrust_all();
+        assert_eq!(t.cached("m", &id, ttl, every), Cached::Stale);
+        t.confirm("m", &id, "b1");
+        assert_eq!(
+            t.cached("m", &id, ttl, every),
+            Cached::Fresh { refresh: false }
+        );
     }
 
     #[test]

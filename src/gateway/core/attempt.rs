@@ -220,8 +220,15 @@ impl Attempt<'_> {
                 if pinned_now {
                     gw.router.unpin(model, options);
                 }
-                if let (Some(store), Some(Claimed { created: true, .. })) = (store, &claimed) {
-                    store.forget(model, self.sequence()).await;
+                if let (
+                    Some(store),
+                    Some(Claimed {
+                        created: true,
+                        holder,
+                    }),
+                ) = (store, &claimed)
+                {
+                    store.forget(model, self.sequence(), holder).await;
                 }
             }
             return Err(failure.error);
@@ -234,7 +241,7 @@ impl Attempt<'_> {
         let (gw, model, id) = (self.gw, self.model, self.sequence());
         gw.router.pins.remove(model, id);
         if let Some(store) = &gw.pin_store {
-            store.forget(model, id).await;
+            store.forget(model, id, &backend.key).await;
         }
         crate::routing::sequence_lost(model, id, &backend.key, why)
     }
