@@ -263,16 +263,33 @@ impl PinStore {
         };
         let store = Arc::downgrade(self);
         runtime.spawn(async move {
+            // Said once per outage: while Redis is down the other operations warn already.
+            let mut failing = false;
             loop {
                 let Some(s) = store.upgrade() else { return };
                 let subscribed =
                     tokio::time::timeout(STARTUP_PROBE, s.redis.subscribe_to_changes()).await;
                 let prefix = s.redis.prefix().to_string();
+                let url = s.url.clone();
                 drop(s);
-                let Ok(Ok(pubsub)) = subscribed else {
-                    tokio::time::sleep(BACKOFF).await;
-                    continue;
+                let pubsub = match subscribed {
+                    Ok(Ok(pubsub)) => pubsub,
+                    failed => {
+                        if !failing {
+                            let error = match failed {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => format!("no answer within {} ms", STARTUP_PROBE.as_millis()),
+                            };
+                            tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can (a Redis ACL user needs the channel {prefix}changes)");
+                        }
+                        failing = true;
+                        tokio::time::sleep(BACKOFF).await;
+                        continue;
+                    }
                 };
+                if std::mem::take(&mut failing) {
+                    tracing::info!(url = %url, "subscribed to the pin store's changes channel again");
+                }
                 pins.distrust_all();
                 let mut messages = pubsub.into_on_message();
                 loop {
