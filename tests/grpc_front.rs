@@ -665,6 +665,40 @@ async fn stateless_requests_on_one_channel_are_balanced() {
     gw.shutdown().await;
 }
 
+/// An input's `binary_data_size` parameter means nothing over gRPC (Triton ignores it), and
+/// a REST backend gets the input with the encoder's own framing only: kept, it reached a
+/// worker twice, which refused the duplicate key, and the client got INVALID_ARGUMENT for
+/// JSON it never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inputs_binary_data_size_does_not_reach_a_rest_backend() {
+    let workers = Worker::start_many(1, &["simple"]).await;
+    let backends: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let (gw, mut c) = start(config(&backends, "")).await;
+    assert!(
+        eventually(50, Duration::from_millis(100), || {
+            let gw = &gw;
+            async move { gw.gateway.fleet.catalog().get("simple").is_some() }
+        })
+        .await
+    );
+    let mut req = simple(&[3; 16], &[1; 16]);
+    for input in &mut req.inputs {
+        input.parameters.insert(
+            "binary_data_size".into(),
+            pb::InferParameter {
+                parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(64)),
+            },
+        );
+    }
+    let r = c.model_infer(req).await.unwrap();
+    assert_eq!(backend_of(&r), "w0");
+    assert_eq!(i32s(output(r.get_ref(), "OUTPUT0")), [4; 16]);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_answers_in_order_and_an_error_ends_only_its_message() {
     let (gw, mut c) = start(config(&[], "")).await;

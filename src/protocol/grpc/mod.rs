@@ -118,8 +118,11 @@ fn decode_input(
         })
         .collect::<Result<Vec<u64>>>()?;
     let count = checked_element_count(&shape, limits.max_tensor_elements)?;
-    let parameters = params_from_proto(input.parameters)?;
+    let mut parameters = params_from_proto(input.parameters)?;
     parameters.refuse_shared_memory()?;
+    // The REST binary extension's framing, which means nothing in a protobuf message (Triton
+    // ignores it there): kept, it would reach a REST backend beside the encoder's own.
+    parameters.remove("binary_data_size");
     let typed = input.contents.filter(|c| !contents::is_empty(c));
     let data = match (raw, typed) {
         (Some(_), Some(_)) => {
@@ -306,5 +309,41 @@ mod tests {
             let e = decode_infer_request(msg, &Limits::default()).unwrap_err();
             assert_eq!(e.to_string(), format!("{tensor}: {why}"));
         }
+    }
+
+    /// `binary_data_size` on a gRPC input is dropped, as Triton ignores it: re-encoded for a
+    /// REST backend, the input would carry it twice (a worker refused the duplicate key, and
+    /// the client was blamed for JSON it never sent; tests/grpc_front.rs sends one through a
+    /// worker). Other parameters stay.
+    #[test]
+    fn binary_data_size_is_not_an_inputs_parameter_over_grpc() {
+        let param = |c| pb::InferParameter {
+            parameter_choice: Some(c),
+        };
+        let input = pb::model_infer_request::InferInputTensor {
+            name: "X".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 1],
+            parameters: [
+                (
+                    "binary_data_size".to_string(),
+                    param(ParameterChoice::Int64Param(4)),
+                ),
+                (
+                    "custom".to_string(),
+                    param(ParameterChoice::StringParam("kept".into())),
+                ),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let msg = pb::ModelInferRequest {
+            inputs: vec![input],
+            raw_input_contents: vec![1.5f32.to_le_bytes().to_vec().into()],
+            ..Default::default()
+        };
+        let req = decode_infer_request(msg, &Limits::default()).unwrap();
+        let names: Vec<&str> = req.inputs[0].parameters.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["custom"]);
     }
 }
