@@ -57,6 +57,32 @@ impl Resolve for StaticResolver {
     }
 }
 
+/// A static backend's URL in one spelling: its key (hashing, pins, shared pins in Redis)
+/// must be the same on every replica, and `HTTP://Host:8000/` and `http://host:8000` name
+/// the same server (a user's replicas that spelt one backend two ways refused each other's
+/// sequences with 503s). The scheme and host are lowercased and a bare `/` path dropped; the
+/// port stays as written, so that the keys of URLs already in this form do not change. A URL
+/// with user information is left alone.
+pub fn canonical_url(url: &str) -> String {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return url.to_string();
+    };
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(authority))
+            if !authority.as_str().contains('@')
+                && matches!(uri.path(), "" | "/")
+                && uri.query().is_none() =>
+        {
+            format!(
+                "{}://{}",
+                scheme.to_ascii_lowercase(),
+                authority.as_str().to_ascii_lowercase()
+            )
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// The URL of one address of a DNS backend: same scheme and port, the address as host.
 pub fn address_url(url: &http::Uri, ip: IpAddr) -> String {
     let scheme = url.scheme_str().unwrap_or("http");
@@ -64,5 +90,33 @@ pub fn address_url(url: &http::Uri, ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => format!("{scheme}://{v4}:{port}"),
         IpAddr::V6(v6) => format!("{scheme}://[{v6}]:{port}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_url;
+
+    #[test]
+    fn one_server_has_one_key() {
+        for url in [
+            "http://127.0.0.1:19001",
+            "http://127.0.0.1:19001/",
+            "HTTP://127.0.0.1:19001",
+            "Http://127.0.0.1:19001/",
+        ] {
+            assert_eq!(canonical_url(url), "http://127.0.0.1:19001", "{url}");
+        }
+        assert_eq!(
+            canonical_url("https://Triton.Example"),
+            "https://triton.example"
+        );
+        assert_eq!(canonical_url("http://[::1]:8000/"), "http://[::1]:8000");
+        // Left as written: the word builtin, and user information (case matters there).
+        assert_eq!(canonical_url("builtin"), "builtin");
+        assert_eq!(
+            canonical_url("http://User:Pw@host:1/"),
+            "http://User:Pw@host:1/"
+        );
     }
 }

@@ -297,7 +297,7 @@ impl Fleet {
             let name = b.name.get_ref();
             let url = b.url.get_ref();
             let concrete: Vec<(String, String)> = match b.discovery {
-                Discovery::Static => vec![(name.clone(), url.clone())],
+                Discovery::Static => vec![(name.clone(), discovery::canonical_url(url))],
                 Discovery::Dns => match self.resolve(url).await {
                     Ok(list) => list
                         .into_iter()
