@@ -691,6 +691,48 @@ async fn tls_and_a_password_reach_redis() {
     );
 }
 
+/// When Redis goes down, a request's operation only learns that no answer came within
+/// timeout_ms, which reads as a slow Redis; the once-a-second probe then says why (here a
+/// refused connection), once for the outage, and the store's return is said too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_logged_with_its_cause() {
+    let mut redis = Redis::start().await;
+    let port = redis.port;
+    let workers = Worker::start_many(1, &["accumulate"]).await;
+    let pairs: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let dir = TempDir::new("outage-cause");
+    let config = dir.0.join("gateway.toml");
+    std::fs::write(&config, gateway_toml(&pairs, &pins_toml("", &redis.url()))).unwrap();
+    let gw = GatewayProcess::start(&config, dir.0.join("gateway.log")).await;
+    let client = http_client();
+    let r = accumulate(&client, &gw.base, 90, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    redis.process.kill();
+    let r = accumulate(&client, &gw.base, 91, true, false, 1).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let cause = "the pin store does not answer a new connection either";
+    let logged = eventually(50, Duration::from_millis(100), || async {
+        gw.log_text().contains(cause)
+    })
+    .await;
+    let log = gw.log_text();
+    assert!(logged, "no cause logged:\n{log}");
+    let line = log.lines().find(|l| l.contains(cause)).unwrap();
+    assert!(line.contains("Connection refused"), "{line}");
+    // Once per outage, however many probes fail.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(gw.log_text().matches(cause).count(), 1);
+    let _back = Redis::start_on(port).await;
+    let back = eventually(50, Duration::from_millis(100), || async {
+        gw.log_text().contains("the pin store answers again")
+    })
+    .await;
+    assert!(back, "no recovery logged:\n{}", gw.log_text());
+}
+
 /// Every request that goes without the store is counted, those in the second after a
 /// failure (when the store is not asked) too: the counter says how many sequences were
 /// routed by the hash alone.

@@ -142,9 +142,13 @@ impl PinStore {
     /// the store.
     async fn watch(store: std::sync::Weak<Self>) {
         let Some(s) = store.upgrade() else { return };
+        // Whether this outage's cause was logged: a request's operation only knows that no
+        // answer came within timeout_ms, which reads as a slow Redis when it is down.
+        let mut cause_logged = false;
         match s.redis.probe(STARTUP_PROBE).await {
             Ok(()) => tracing::info!(url = %s.url, "the pin store answers"),
             Err(e) => {
+                cause_logged = true;
                 s.up.set(0);
                 tracing::error!(
                     url = %s.url,
@@ -157,8 +161,17 @@ impl PinStore {
         loop {
             tokio::time::sleep(BACKOFF).await;
             let Some(s) = store.upgrade() else { return };
-            if s.up.get() == 0 && s.redis.probe(s.timeout.max(BACKOFF)).await.is_ok() {
-                s.mark_up();
+            if s.up.get() != 0 {
+                cause_logged = false;
+                continue;
+            }
+            match s.redis.probe(s.timeout.max(BACKOFF)).await {
+                Ok(()) => s.mark_up(),
+                Err(e) if !cause_logged => {
+                    cause_logged = true;
+                    tracing::warn!(url = %s.url, error = %e, "the pin store does not answer a new connection either");
+                }
+                Err(_) => {}
             }
         }
     }
