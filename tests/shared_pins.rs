@@ -691,6 +691,50 @@ async fn tls_and_a_password_reach_redis() {
     );
 }
 
+/// A Redis user that may not PUBLISH on the changes channel (Redis 7 gives new ACL users no
+/// channels) still stores and removes pins: the writes are not undone, and a refused
+/// announcement is not a store outage (it had made every end back off the store for a
+/// second, routing the requests of that second without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_the_changes_channel_still_shares_pins() {
+    let redis = Redis::start().await;
+    {
+        let mut c = redis.client().get_connection().unwrap();
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("pins")
+            .arg("on")
+            .arg(">pw")
+            .arg("~tensorgate:pin:*")
+            .arg("+@all")
+            .arg("resetchannels")
+            .query(&mut c)
+            .unwrap();
+    }
+    let url = format!("redis://pins:pw@127.0.0.1:{}/0", redis.port);
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let gw = start_gateway(gateway_config(&all, &pins_toml("", &url))).await;
+    let b = base(&gw);
+    let client = http_client();
+    let key = format!("{PREFIX}accumulate:u:95");
+    for round in 0..3 {
+        let r = accumulate(&client, &b, 95, true, false, 1).await;
+        assert_eq!(r.status, 200, "round {round}: {r:?}");
+        assert!(redis.get(&key).is_some(), "round {round}: not stored");
+        let r = accumulate(&client, &b, 95, false, true, 2).await;
+        assert_eq!(
+            (r.status, r.output_int("OUTPUT0")),
+            (200, Some(3)),
+            "round {round}: {r:?}"
+        );
+        assert_eq!(redis.get(&key), None, "round {round}: the end left the pin");
+    }
+    assert_eq!(store_errors(&gw), 0);
+    assert_eq!(gw.gateway.metrics.pin_store_up.get(), 1);
+    gw.shutdown().await;
+}
+
 /// When Redis goes down, a request's operation only learns that no answer came within
 /// timeout_ms, which reads as a slow Redis; the once-a-second probe then says why (here a
 /// refused connection), once for the outage, and the store's return is said too.

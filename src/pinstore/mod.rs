@@ -78,7 +78,12 @@ pub struct PinStore {
     /// Milliseconds since `epoch` until which the store is skipped.
     skip_until: AtomicU64,
     outages: outage_log::OutageLog,
+    /// Whether a refused announcement has been logged (`note_announcement`).
+    announcements_refused: std::sync::atomic::AtomicBool,
 }
+
+/// A subscription silent for this long is asked whether it still answers (PING).
+const QUIET_CHECK: Duration = Duration::from_secs(5);
 
 /// How long the startup probe waits for Redis: long enough for a TLS handshake and AUTH to
 /// fail with their own errors.
@@ -125,6 +130,7 @@ impl PinStore {
             epoch: Instant::now(),
             skip_until: AtomicU64::new(0),
             outages: outage_log::OutageLog::default(),
+            announcements_refused: std::sync::atomic::AtomicBool::new(false),
         };
         metrics.expose_pin_store();
         store.up.set(1);
@@ -215,7 +221,9 @@ impl PinStore {
 
     /// Claims the sequence for `chosen`, the backend routing picked: returns the backend the
     /// store holds, `chosen` (created) if no replica had pinned it yet. Without an answer from
-    /// the store, `None`: the route stands.
+    /// the store, `None`: the route stands. The caller reads `PinTable::change_mark` before
+    /// and calls `unconfirm_if_changed` once it has pinned what the answer says: the answer
+    /// and an announcement of a change come over different connections, in either order.
     pub async fn claim(
         &self,
         pins: &PinTable,
@@ -244,14 +252,15 @@ impl PinStore {
         let Some(id) = &opts.sequence_id else { return };
         if opts.sequence_end {
             let key = self.redis.key(model, id);
-            self.run(Op::Remove, self.redis.remove(&key, backend)).await;
-        } else if moved
-            && self
-                .run(Op::Put, self.redis.put(&self.redis.key(model, id), backend))
-                .await
-                .is_some()
-        {
-            pins.confirm(model, id, backend);
+            let removed = self.run(Op::Remove, self.redis.remove(&key, backend)).await;
+            self.note_announcement(removed);
+        } else if moved {
+            let key = self.redis.key(model, id);
+            let stored = self.run(Op::Put, self.redis.put(&key, backend)).await;
+            if stored.is_some() {
+                pins.confirm(model, id, backend);
+            }
+            self.note_announcement(stored);
         }
     }
 
@@ -261,7 +270,29 @@ impl PinStore {
     /// pin is out of date must not remove the pin of a sequence that lives elsewhere.
     pub async fn forget(&self, model: &str, id: &SequenceId, backend: &str) {
         let key = self.redis.key(model, id);
-        self.run(Op::Remove, self.redis.remove(&key, backend)).await;
+        let removed = self.run(Op::Remove, self.redis.remove(&key, backend)).await;
+        self.note_announcement(removed);
+    }
+
+    /// A write that Redis took but whose announcement it refused (an ACL user without the
+    /// changes channel) is no outage: said once until an announcement goes through again.
+    fn note_announcement(&self, written: Option<redis_pins::Announced>) {
+        match written {
+            Some(redis_pins::Announced::Refused)
+                if !self.announcements_refused.swap(true, Ordering::Relaxed) =>
+            {
+                tracing::warn!(
+                    url = %self.url,
+                    channel = %redis_pins::changes_channel(self.redis.prefix()),
+                    "the pin store refuses to announce moved and removed pins (PUBLISH on the changes channel): other replicas follow them only at their renewal, up to a quarter of the idle timeout later; give the Redis user the channel"
+                );
+            }
+            Some(redis_pins::Announced::Refused) => {}
+            Some(redis_pins::Announced::Yes) => {
+                self.announcements_refused.store(false, Ordering::Relaxed);
+            }
+            None => {}
+        }
     }
 
     /// Follows the pins other replicas move or remove, announced on the store's changes
@@ -304,7 +335,8 @@ impl PinStore {
                     tracing::info!(url = %url, "subscribed to the pin store's changes channel again");
                 }
                 pins.distrust_all();
-                let mut messages = pubsub.into_on_message();
+                let (mut sink, mut messages) = pubsub.split();
+                let mut heard = Instant::now();
                 loop {
                     // Woken once a second at least, to end with the store.
                     let next =
@@ -314,9 +346,19 @@ impl PinStore {
                         return;
                     }
                     match next {
+                        // A connection that died without a word (a host gone, a partition)
+                        // would otherwise be waited on for ever: a quiet one is asked.
+                        Err(_) if heard.elapsed() >= QUIET_CHECK => {
+                            let pong = tokio::time::timeout(STARTUP_PROBE, sink.ping::<redis::Value>());
+                            if !matches!(pong.await, Ok(Ok(_))) {
+                                break;
+                            }
+                            heard = Instant::now();
+                        }
                         Err(_) => continue,
                         Ok(None) => break,
                         Ok(Some(message)) => {
+                            heard = Instant::now();
                             if let Some((backend, model, id)) =
                                 redis_pins::parse_change(&prefix, message.get_payload_bytes())
                             {
@@ -338,6 +380,7 @@ impl PinStore {
         let model = model.to_string();
         tokio::spawn(async move {
             let key = store.redis.key(&model, &id);
+            let mark = pins.change_mark(&model, &id);
             let Some(Claimed { holder, .. }) = store
                 .run(Op::Refresh, store.redis.claim(key, &backend))
                 .await
@@ -354,6 +397,7 @@ impl PinStore {
                 );
             }
             pins.confirm(&model, &id, &holder);
+            pins.unconfirm_if_changed(&model, &id, mark);
         });
     }
 

@@ -14,31 +14,59 @@ use crate::protocol::SequenceId;
 use super::claims::{Claimed, Claims};
 
 /// Stores ARGV[1] for KEYS[1] with the TTL ARGV[2] whatever was there, and when it replaces
-/// another backend, announces it on KEYS[2] (the changes channel; a key, so that the script
-/// names everything it touches) as `backend\nkey`: replicas that cached the old backend
-/// drop it, rather than send the id's next requests to the old sequence's state until their
-/// next renewal.
+/// another backend, announces it on the changes channel ARGV[3] as `backend\nkey`: replicas
+/// that cached the old backend drop it, rather than send the id's next requests to the old
+/// sequence's state until their next renewal. The channel is an argument, not a key: an ACL
+/// user needs the channel, not a key of that name. A refused PUBLISH (an ACL without the
+/// channel) does not undo the SET, which Redis does not roll back: the script answers -1,
+/// stored but not announced, instead of an error that would read as a store outage.
 const PUT: &str = r"
 local old = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if old and old ~= ARGV[1] then
-  redis.call('PUBLISH', KEYS[2], ARGV[1] .. '\n' .. KEYS[1])
+  local sent = redis.pcall('PUBLISH', ARGV[3], ARGV[1] .. '\n' .. KEYS[1])
+  if type(sent) == 'table' and sent.err then
+    return -1
+  end
 end
 return 0
 ";
 
 /// Deletes KEYS[1] only while it holds ARGV[1], the backend the caller knows the sequence
-/// by, and announces the deletion on KEYS[2] (`\nkey`: no backend). A replica whose cached
-/// pin is out of date (another replica ended the sequence and a third started the id again
-/// elsewhere) must not delete the pin of a sequence that lives.
+/// by, and announces the deletion on ARGV[2] (`\nkey`: no backend): 1 when deleted, 0 when
+/// the key names another backend or none, -1 when deleted but not announced (see `PUT`). A
+/// replica whose cached pin is out of date (another replica ended the sequence and a third
+/// started the id again elsewhere) must not delete the pin of a sequence that lives.
 const REMOVE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '\n' .. KEYS[1])
+  local sent = redis.pcall('PUBLISH', ARGV[2], '\n' .. KEYS[1])
+  if type(sent) == 'table' and sent.err then
+    return -1
+  end
   return 1
 end
 return 0
 ";
+
+/// Whether a write that moved or removed a pin reached the other replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announced {
+    /// Announced, or nothing to announce.
+    Yes,
+    /// Written, but Redis refused the PUBLISH (an ACL user without the channel).
+    Refused,
+}
+
+impl Announced {
+    fn from_reply(code: i64) -> Self {
+        if code < 0 {
+            Announced::Refused
+        } else {
+            Announced::Yes
+        }
+    }
+}
 
 pub struct RedisPins {
     /// For the startup probe and the changes channel, which open connections of their own.
@@ -145,28 +173,28 @@ impl RedisPins {
 
     /// Stores `backend` whatever was there: a start begins a new sequence, and a past owner
     /// that served the sequence holds its state. A replaced backend is announced (`PUT`).
-    pub async fn put(&self, key: &str, backend: &str) -> redis::RedisResult<()> {
+    pub async fn put(&self, key: &str, backend: &str) -> redis::RedisResult<Announced> {
         let mut conn = self.conn.clone();
         self.put
             .key(key)
-            .key(&self.channel)
             .arg(backend)
             .arg(self.ttl_ms)
+            .arg(&self.channel)
             .invoke_async::<i64>(&mut conn)
             .await
-            .map(drop)
+            .map(Announced::from_reply)
     }
 
     /// Removes the pin if it still names `backend`, and announces it (`REMOVE`).
-    pub async fn remove(&self, key: &str, backend: &str) -> redis::RedisResult<()> {
+    pub async fn remove(&self, key: &str, backend: &str) -> redis::RedisResult<Announced> {
         let mut conn = self.conn.clone();
         self.remove
             .key(key)
-            .key(&self.channel)
             .arg(backend)
+            .arg(&self.channel)
             .invoke_async::<i64>(&mut conn)
             .await
-            .map(drop)
+            .map(Announced::from_reply)
     }
 }
 

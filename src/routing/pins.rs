@@ -143,8 +143,31 @@ pub struct PinTable {
     cap: usize,
     idle: Duration,
     /// Pins confirmed before this time (ms on the table's clock) are `Stale` to a shared
-    /// store: changes to them may have been missed (`distrust_all`).
+    /// store: changes to them may have been missed (`distrust_all`). 0: none.
     trusted_since: AtomicU64,
+    /// Changes announced by other replicas, counted per slot of keys (`change_mark`): a claim
+    /// whose answer arrives after an announcement about its sequence may carry the backend
+    /// from before the change, and must not be trusted as a cache.
+    changes: Box<[AtomicU64]>,
+    /// Bumped by `distrust_all`: every mark changes.
+    changes_epoch: AtomicU64,
+}
+
+/// Slots of `PinTable::changes`: a change makes the claims in flight for the keys of its slot
+/// ask again, so more slots mean fewer needless claims; 256 counters cost 2 KiB.
+const CHANGE_SLOTS: usize = 256;
+
+/// `Pin::confirmed` of a pin the store has not vouched for since a change may have passed it.
+const UNCONFIRMED: u64 = u64::MAX;
+
+fn change_slot(model: &str, id: &SequenceId) -> usize {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(model.as_bytes());
+    match id {
+        SequenceId::Uint(u) => h.update(&u.to_le_bytes()),
+        SequenceId::String(s) => h.update(s.as_bytes()),
+    }
+    (h.digest() % CHANGE_SLOTS as u64) as usize
 }
 
 impl PinTable {
@@ -157,6 +180,28 @@ impl PinTable {
             cap,
             idle,
             trusted_since: AtomicU64::new(0),
+            changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            changes_epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// A mark of the changes announced so far that concern this sequence's slot: read before
+    /// a claim is sent, and compared by `unconfirm_if_changed` once its answer is in.
+    pub fn change_mark(&self, model: &str, id: &SequenceId) -> u64 {
+        self.changes[change_slot(model, id)]
+            .load(Ordering::Acquire)
+            .wrapping_add(self.changes_epoch.load(Ordering::Acquire))
+    }
+
+    /// After a claim whose mark was `mark`: if a change was announced meanwhile (perhaps of
+    /// this very sequence, after Redis had answered the claim with the backend before it),
+    /// the pin is kept but `Stale`, so that the sequence's next request asks the store again.
+    pub fn unconfirm_if_changed(&self, model: &str, id: &SequenceId, mark: u64) {
+        if self.change_mark(model, id) == mark {
+            return;
+        }
+        if let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) {
+            pin.confirmed = UNCONFIRMED;
         }
     }
 
@@ -239,7 +284,10 @@ impl PinTable {
         let (ttl, refresh_every) = (ttl.as_millis() as u64, refresh_every.as_millis() as u64);
         let now = self.now();
         let age = now.saturating_sub(pin.confirmed);
-        if age >= ttl || pin.confirmed < self.trusted_since.load(Ordering::Relaxed) {
+        if pin.confirmed == UNCONFIRMED
+            || age >= ttl
+            || pin.confirmed < self.trusted_since.load(Ordering::Relaxed)
+        {
             return Cached::Stale;
         }
         let refresh = age >= refresh_every && now >= pin.refresh_after;
@@ -264,6 +312,7 @@ impl PinTable {
     /// shared store: a pin here that names another backend goes, and the sequence's next
     /// request asks the store. One that names `backend` already stays.
     pub fn follow_change(&self, model: &str, id: &SequenceId, backend: Option<&str>) {
+        self.changes[change_slot(model, id)].fetch_add(1, Ordering::AcqRel);
         let key = (model, id);
         let key = &key as &dyn KeyParts;
         if self
@@ -278,9 +327,10 @@ impl PinTable {
     /// Makes every pin confirmed so far `Stale` to a shared store, so that each asks it once
     /// more: the changes announced meanwhile may have been missed.
     pub fn distrust_all(&self) {
-        // A pin confirmed in this very millisecond stays trusted: it was read after the
-        // subscription began.
-        self.trusted_since.store(self.now(), Ordering::Relaxed);
+        // A pin confirmed in this very millisecond is distrusted too: its claim may have been
+        // answered before the subscription began. Claims still in flight see the epoch move.
+        self.trusted_since.store(self.now() + 1, Ordering::Relaxed);
+        self.changes_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn remove(&self, model: &str, id: &SequenceId) {
@@ -354,11 +404,49 @@ mod tests {
         std::thread::sleep(Duration::from_millis(3));
         t.distrust_all();
         assert_eq!(t.cached("m", &id, ttl, every), Cached::Stale);
+        // Confirmed in the same millisecond as the distrust: its claim may predate it.
+        t.confirm("m", &id, "b1");
+        std::thread::sleep(Duration::from_millis(3));
         t.confirm("m", &id, "b1");
         assert_eq!(
             t.cached("m", &id, ttl, every),
             Cached::Fresh { refresh: false }
         );
+    }
+
+    /// A claim answered after an announcement about its slot leaves its pin `Stale`: Redis
+    /// may have answered it before the change it heard of.
+    #[test]
+    fn a_claim_that_crossed_an_announcement_is_not_trusted() {
+        let t = PinTable::new(10, Duration::from_secs(60));
+        let (ttl, every) = (Duration::from_secs(60), Duration::from_secs(15));
+        let (one, two) = (SequenceId::Uint(1), SequenceId::Uint(2));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(t.insert("m", &one, "b1"));
+        assert!(t.insert("m", &two, "b1"));
+        // No change since the mark: trusted.
+        let mark = t.change_mark("m", &one);
+        t.confirm("m", &one, "b1");
+        t.unconfirm_if_changed("m", &one, mark);
+        assert_eq!(
+            t.cached("m", &one, ttl, every),
+            Cached::Fresh { refresh: false }
+        );
+        // The change of this sequence arrives before the claim's answer is used.
+        let mark = t.change_mark("m", &one);
+        t.follow_change("m", &one, Some("b2"));
+        assert!(t.insert("m", &one, "b1"));
+        t.unconfirm_if_changed("m", &one, mark);
+        assert_eq!(t.cached("m", &one, ttl, every), Cached::Stale);
+        assert_eq!(
+            t.get("m", &one).as_deref(),
+            Some("b1"),
+            "kept, to be asked about"
+        );
+        // A resubscription moves every mark.
+        let mark = t.change_mark("m", &two);
+        t.distrust_all();
+        assert_ne!(t.change_mark("m", &two), mark);
     }
 
     #[test]

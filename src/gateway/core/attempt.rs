@@ -117,9 +117,9 @@ impl Attempt<'_> {
                 }
             };
             if let (Some(store), true) = (store, std::mem::take(&mut must_claim)) {
-                claimed = store
-                    .claim(&gw.router.pins, model, self.sequence(), &route.backend.key)
-                    .await;
+                let (pins, id) = (&gw.router.pins, self.sequence());
+                let mark = pins.change_mark(model, id);
+                claimed = store.claim(pins, model, id, &route.backend.key).await;
                 if let Some(holder) = claimed
                     .as_ref()
                     .map(|c| c.holder.as_str())
@@ -129,6 +129,7 @@ impl Attempt<'_> {
                         .follow_store(holder, &mut entry, route, refused.as_deref())
                         .await?;
                 }
+                pins.unconfirm_if_changed(model, id, mark);
             }
             let backend = route.backend.clone();
             // Routed by a pin: one this replica held, or one another replica stored for
