@@ -28,7 +28,7 @@ fn metadata(model: &str) -> Option<Value> {
     Some(match model {
         "half" => json!({"name": model, "inputs": inputs, "outputs": io("FP16")}),
         "brain" => json!({"name": model, "inputs": inputs, "outputs": io("BF16")}),
-        "full" => json!({"name": model, "inputs": inputs, "outputs": io("FP32")}),
+        "full" | "empty" => json!({"name": model, "inputs": inputs, "outputs": io("FP32")}),
         // MLServer without a signature: nothing described.
         "nosig" | "nonfinite" => {
             json!({"name": model, "platform": "", "inputs": [], "outputs": []})
@@ -74,6 +74,8 @@ fn infer(model: &str, req: &Value) -> (u16, String) {
                 format!(r#"{{"model_name":"nonfinite","outputs":[{fp32},{fp64},{fp16}]}}"#),
             )
         }
+        // A server that answers without any output.
+        ("empty", _) => (200, r#"{"model_name":"empty","outputs":[]}"#.to_string()),
         _ => (500, json!({"error": "unscripted"}).to_string()),
     }
 }
@@ -93,7 +95,7 @@ async fn answer(
         ),
         ["", "health", _] => (200, "{}".to_string()),
         ["", "repository", "index"] => {
-            let models: Vec<Value> = ["half", "brain", "full", "nosig", "nonfinite"]
+            let models: Vec<Value> = ["half", "brain", "full", "nosig", "nonfinite", "empty"]
                 .iter()
                 .map(|m| json!({"name": m, "state": "READY"}))
                 .collect();
@@ -257,6 +259,30 @@ async fn bare_non_finite_literals_from_a_backend_are_read() {
     let f32s = fp32s(output(&resp, "F32"));
     assert!(f32s[0].is_nan());
     assert_eq!(&f32s[1..], &[f32::INFINITY, f32::NEG_INFINITY, 1.5]);
+    env.shutdown().await;
+}
+
+/// A backend that answers 200 without any output, for a model that declares one: a 502 that
+/// says so, whether the client listed the output or not (a 200 with no outputs would tell
+/// it the request had worked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_outputs_is_the_backends_fault() {
+    let (backend, _log) = start_backend(&[]).await;
+    let env = start_env(backend).await;
+    // front_config names its one backend so.
+    let backend_name = "backend-0";
+    let all =
+        json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0]}]});
+    env.infer_json("empty", &all).await.assert_error(
+        502,
+        &format!("backend '{backend_name}' returned no outputs; model 'empty' declares 'OUTPUT0'"),
+    );
+    let mut listed = all.clone();
+    listed["outputs"] = json!([{"name": "OUTPUT0"}]);
+    env.infer_json("empty", &listed).await.assert_error(
+        502,
+        &format!("backend '{backend_name}' did not return the requested output 'OUTPUT0'"),
+    );
     env.shutdown().await;
 }
 

@@ -469,7 +469,13 @@ impl Attempt<'_> {
                 backend.health.record_success();
                 obs.count_as_queue(queued);
                 let output = Phase::start();
-                let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
+                let response = shape_response(
+                    self.req,
+                    resp,
+                    (&backend.name, self.metadata),
+                    classifications,
+                    obs,
+                )?;
                 output.end(&mut obs.compute_output);
                 Ok(Outcome::Response {
                     response,
@@ -567,7 +573,13 @@ impl Attempt<'_> {
                 .inc();
         }
         let from_binary = hl.is_some();
-        let response = shape_response(self.req, resp, &backend.name, classifications, obs)?;
+        let response = shape_response(
+            self.req,
+            resp,
+            (&backend.name, self.metadata),
+            classifications,
+            obs,
+        )?;
         output.end(&mut obs.compute_output);
         Ok(Outcome::Response {
             response,

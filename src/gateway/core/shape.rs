@@ -5,15 +5,29 @@
 use super::plan::{apply_classifications, Classification};
 use crate::error::GatewayError;
 use crate::gateway::observe::Observation;
-use crate::protocol::{InferRequest, InferResponse, Tensor};
+use crate::protocol::{InferRequest, InferResponse, ModelMetadata, Tensor};
 
 /// Keeps the outputs the client asked for, in its order; all of them when it listed none.
+/// An answer with no output at all, for a model that declares some, is the backend's fault:
+/// a 200 with nothing in it would tell the client its request had worked.
 fn select_outputs(
     req: &InferRequest,
     outputs: Vec<Tensor>,
-    backend: &str,
+    (backend, metadata): (&str, &ModelMetadata),
 ) -> Result<Vec<Tensor>, GatewayError> {
     let Some(wanted) = &req.outputs else {
+        if outputs.is_empty() && !metadata.outputs.is_empty() {
+            let declared: Vec<String> = metadata
+                .outputs
+                .iter()
+                .map(|o| format!("'{}'", o.name))
+                .collect();
+            return Err(GatewayError::BadGateway(format!(
+                "backend '{backend}' returned no outputs; model '{}' declares {}",
+                metadata.name,
+                declared.join(", ")
+            )));
+        }
         return Ok(outputs);
     };
     let mut outputs: Vec<Option<Tensor>> = outputs.into_iter().map(Some).collect();
@@ -38,7 +52,7 @@ fn select_outputs(
 pub fn shape_response(
     req: &InferRequest,
     mut resp: InferResponse,
-    backend: &str,
+    backend: (&str, &ModelMetadata),
     classifications: &[Classification],
     obs: &mut Observation,
 ) -> Result<InferResponse, GatewayError> {
