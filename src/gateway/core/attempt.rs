@@ -469,13 +469,7 @@ impl Attempt<'_> {
                 backend.health.record_success();
                 obs.count_as_queue(queued);
                 let output = Phase::start();
-                let response = shape_response(
-                    self.req,
-                    resp,
-                    (&backend.name, self.metadata),
-                    classifications,
-                    obs,
-                )?;
+                let response = self.shape(resp, backend, classifications, obs)?;
                 output.end(&mut obs.compute_output);
                 Ok(Outcome::Response {
                     response,
@@ -573,18 +567,29 @@ impl Attempt<'_> {
                 .inc();
         }
         let from_binary = hl.is_some();
-        let response = shape_response(
-            self.req,
-            resp,
-            (&backend.name, self.metadata),
-            classifications,
-            obs,
-        )?;
+        let response = self.shape(resp, backend, classifications, obs)?;
         output.end(&mut obs.compute_output);
         Ok(Outcome::Response {
             response,
             from_binary,
         })
+    }
+
+    /// Phase 6 for an answer `backend` gave.
+    fn shape(
+        &self,
+        resp: crate::protocol::InferResponse,
+        backend: &BackendHandle,
+        classifications: &[Classification],
+        obs: &mut Observation,
+    ) -> Result<crate::protocol::InferResponse, GatewayError> {
+        shape_response(
+            self.req,
+            resp,
+            (&backend.name, self.metadata),
+            classifications,
+            obs,
+        )
     }
 
     fn record_failure(&self, backend: &BackendHandle) {
