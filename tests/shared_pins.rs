@@ -735,6 +735,65 @@ async fn a_user_without_the_changes_channel_still_shares_pins() {
     gw.shutdown().await;
 }
 
+/// A start served while Redis did not answer is written back once it does: it is the newest
+/// word on its id, and replicas that cached what the store held before would otherwise keep
+/// sending the id's requests to the older sequence's state (a user saw 200s with wrong sums
+/// for as long as the sequence lived, after a 0.3 s stall of Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_store_missed_is_written_back() {
+    let redis = Redis::start().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let all: Vec<&Worker> = workers.iter().collect();
+    let gw = start_gateway(gateway_config(&all, &pins_toml("", &redis.url()))).await;
+    let b = base(&gw);
+    let client = http_client();
+    // What another replica stored for the id before the stall.
+    let key = format!("{PREFIX}accumulate:u:97");
+    let elsewhere = "http://127.0.0.1:1";
+    {
+        let mut c = redis.client().get_connection().unwrap();
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg(elsewhere)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+    }
+    let pid = redis.process.id().to_string();
+    let signal = |s: &str| {
+        assert!(Command::new("kill")
+            .args([s, pid.as_str()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    let r = accumulate(&client, &b, 97, true, false, 100).await;
+    signal("-CONT");
+    assert_eq!(
+        (r.status, r.output_int("OUTPUT0")),
+        (200, Some(100)),
+        "{r:?}"
+    );
+    assert!(
+        store_errors(&gw) > 0,
+        "the claim was answered during the stall"
+    );
+    let served = workers
+        .iter()
+        .find(|w| Some(&w.name) == r.backend.as_ref())
+        .unwrap();
+    let written = eventually(50, Duration::from_millis(100), || async {
+        redis.get(&key).as_deref() == Some(served.url.as_str())
+    })
+    .await;
+    assert!(written, "the store still holds {:?}", redis.get(&key));
+    let r = accumulate(&client, &b, 97, false, false, 1).await;
+    assert_eq!(r.output_int("OUTPUT0"), Some(101), "{r:?}");
+    gw.shutdown().await;
+}
+
 /// When Redis goes down, a request's operation only learns that no answer came within
 /// timeout_ms, which reads as a slow Redis; the once-a-second probe then says why (here a
 /// refused connection), once for the outage, and the store's return is said too.

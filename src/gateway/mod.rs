@@ -140,6 +140,7 @@ impl Gateway {
         };
         if let Some(store) = &gw.pin_store {
             store.follow_changes(gw.router.pins.clone());
+            store.keep_writing_back(gw.router.pins.clone());
         }
         Ok(gw)
     }

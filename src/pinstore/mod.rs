@@ -80,7 +80,16 @@ pub struct PinStore {
     outages: outage_log::OutageLog,
     /// Whether a refused announcement has been logged (`note_announcement`).
     announcements_refused: std::sync::atomic::AtomicBool,
+    /// Pins this replica had to store and could not (the store did not answer): a start
+    /// served while Redis was away, or a move to a past owner. Written back once it answers
+    /// (`write_back`), so that the other replicas learn of them instead of following what the
+    /// store held before.
+    unstored: std::sync::Mutex<std::collections::HashMap<(String, SequenceId), String>>,
 }
+
+/// Pins waiting to be written back at most: beyond, the oldest store's word stands for the
+/// others (as it would have without the write-back).
+const MAX_UNSTORED: usize = 65_536;
 
 /// A subscription silent for this long is asked whether it still answers (PING).
 const QUIET_CHECK: Duration = Duration::from_secs(5);
@@ -131,6 +140,7 @@ impl PinStore {
             skip_until: AtomicU64::new(0),
             outages: outage_log::OutageLog::default(),
             announcements_refused: std::sync::atomic::AtomicBool::new(false),
+            unstored: Default::default(),
         };
         metrics.expose_pin_store();
         store.up.set(1);
@@ -257,10 +267,44 @@ impl PinStore {
         } else if moved {
             let key = self.redis.key(model, id);
             let stored = self.run(Op::Put, self.redis.put(&key, backend)).await;
-            if stored.is_some() {
-                pins.confirm(model, id, backend);
+            match stored {
+                Some(_) => pins.confirm(model, id, backend),
+                None => self.remember_unstored(model, id, backend),
             }
             self.note_announcement(stored);
+        }
+    }
+
+    fn remember_unstored(&self, model: &str, id: &SequenceId, backend: &str) {
+        let mut unstored = self.unstored.lock().unwrap_or_else(|e| e.into_inner());
+        if unstored.len() < MAX_UNSTORED {
+            unstored.insert((model.to_string(), id.clone()), backend.to_string());
+        }
+    }
+
+    /// Stores the pins the store did not take while it was away, if this replica still
+    /// routes their sequences there: a start served meanwhile is the newest word on its id,
+    /// and without it the replicas that cached the id's older pin would keep sending its
+    /// requests to the older sequence's state (a user saw 200s with wrong sums for as long as
+    /// the sequence lived). Each write announces the move. Stops at the first failure.
+    async fn write_back(&self, pins: &PinTable) {
+        let pending = std::mem::take(&mut *self.unstored.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut pending = pending.into_iter();
+        for ((model, id), backend) in pending.by_ref() {
+            if pins.get(&model, &id).as_deref() != Some(backend.as_str()) {
+                continue;
+            }
+            let key = self.redis.key(&model, &id);
+            let stored = self.run(Op::Put, self.redis.put(&key, &backend)).await;
+            self.note_announcement(stored);
+            if stored.is_none() {
+                self.remember_unstored(&model, &id, &backend);
+                break;
+            }
+            pins.confirm(&model, &id, &backend);
+        }
+        for ((model, id), backend) in pending {
+            self.remember_unstored(&model, &id, &backend);
         }
     }
 
@@ -301,6 +345,30 @@ impl PinStore {
     /// next renewal. While the subscription is down, announcements are missed: each new
     /// subscription therefore makes every cached pin ask the store once more. Ends with the
     /// store.
+    /// Writes back, once a second while the store answers, the pins it did not take while
+    /// it was away (`write_back`). Ends with the store.
+    pub fn keep_writing_back(self: &Arc<Self>, pins: Arc<PinTable>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(BACKOFF).await;
+                let Some(s) = store.upgrade() else { return };
+                let waiting = !s
+                    .unstored
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty();
+                if waiting && s.up.get() != 0 && s.now_ms() >= s.skip_until.load(Ordering::Relaxed)
+                {
+                    s.write_back(&pins).await;
+                }
+            }
+        });
+    }
+
     pub fn follow_changes(self: &Arc<Self>, pins: Arc<PinTable>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
