@@ -42,6 +42,29 @@ async fn start(config: Config) -> (Running, Client) {
     (gw, client)
 }
 
+/// `n` workers serving `models`, and a gateway in front of them once every model is ready on
+/// all of them.
+async fn start_in_front_of_workers(n: usize, models: &[&str]) -> (Vec<Worker>, Running, Client) {
+    let workers = Worker::start_many(n, models).await;
+    let backends: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let (gw, c) = start(config(&backends, "")).await;
+    let ready = eventually(50, Duration::from_millis(100), || {
+        let gw = &gw;
+        async move {
+            let catalog = gw.gateway.fleet.catalog();
+            models
+                .iter()
+                .all(|m| catalog.get(m).map(|e| e.ready.len()) == Some(n))
+        }
+    })
+    .await;
+    assert!(ready, "{models:?} not ready on {n} workers");
+    (workers, gw, c)
+}
+
 /// `simple` with raw contents: INPUT0 = a, INPUT1 = b.
 fn simple(a: &[i32], b: &[i32]) -> pb::ModelInferRequest {
     pb::ModelInferRequest {
@@ -577,19 +600,7 @@ async fn metadata_config_statistics_and_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_continues_across_transports_on_its_backend() {
-    let workers = Worker::start_many(3, &["accumulate", "simple"]).await;
-    let backends: Vec<(&str, &str)> = workers
-        .iter()
-        .map(|w| (w.name.as_str(), w.url.as_str()))
-        .collect();
-    let (gw, mut c) = start(config(&backends, "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let b = base(&gw);
-            async move { ready_models(&http_client(), &b).await.len() == 2 }
-        })
-        .await
-    );
+    let (_workers, gw, mut c) = start_in_front_of_workers(3, &["accumulate", "simple"]).await;
     let client = http_client();
     for id in 1..=12u64 {
         // Started over REST, continued over gRPC (int64 id), then REST again.
@@ -632,26 +643,7 @@ async fn a_sequence_continues_across_transports_on_its_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_requests_on_one_channel_are_balanced() {
-    let workers = Worker::start_many(3, &["simple"]).await;
-    let backends: Vec<(&str, &str)> = workers
-        .iter()
-        .map(|w| (w.name.as_str(), w.url.as_str()))
-        .collect();
-    let (gw, mut c) = start(config(&backends, "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move {
-                gw.gateway
-                    .fleet
-                    .catalog()
-                    .get("simple")
-                    .map(|e| e.ready.len())
-                    == Some(3)
-            }
-        })
-        .await
-    );
+    let (_workers, gw, mut c) = start_in_front_of_workers(3, &["simple"]).await;
     let mut seen = HashSet::new();
     for i in 0..60 {
         let r = c.model_infer(simple(&[i; 16], &[1; 16])).await.unwrap();
@@ -671,19 +663,7 @@ async fn stateless_requests_on_one_channel_are_balanced() {
 /// JSON it never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inputs_binary_data_size_does_not_reach_a_rest_backend() {
-    let workers = Worker::start_many(1, &["simple"]).await;
-    let backends: Vec<(&str, &str)> = workers
-        .iter()
-        .map(|w| (w.name.as_str(), w.url.as_str()))
-        .collect();
-    let (gw, mut c) = start(config(&backends, "")).await;
-    assert!(
-        eventually(50, Duration::from_millis(100), || {
-            let gw = &gw;
-            async move { gw.gateway.fleet.catalog().get("simple").is_some() }
-        })
-        .await
-    );
+    let (_workers, gw, mut c) = start_in_front_of_workers(1, &["simple"]).await;
     let mut req = simple(&[3; 16], &[1; 16]);
     for input in &mut req.inputs {
         input.parameters.insert(

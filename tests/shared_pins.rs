@@ -141,6 +141,18 @@ impl Redis {
         redis::cmd("PTTL").arg(key).query(&mut c).unwrap()
     }
 
+    /// Stores `value` for `key` behind the gateways' backs (no announcement), for a minute.
+    fn set(&self, key: &str, value: &str) {
+        let mut c = self.client().get_connection().unwrap();
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+    }
+
     fn keys(&self) -> Vec<String> {
         let mut c = self.client().get_connection().unwrap();
         redis::cmd("KEYS").arg("*").query(&mut c).unwrap()
@@ -520,12 +532,7 @@ async fn a_refused_sequence_request_leaves_no_key() {
     // Another replica stored the sequence on a backend that does not know it (it restarted):
     // the state is lost, which is no fault of the client's (503), and the key goes.
     let key = format!("{PREFIX}accumulate:u:44");
-    let mut c = redis.client().get_connection().unwrap();
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&workers[0].url)
-        .query(&mut c)
-        .unwrap();
+    redis.set(&key, &workers[0].url);
     let r = accumulate(&client, &b, 44, false, false, 1).await;
     assert_eq!(
         (r.status, r.error()),
@@ -750,16 +757,7 @@ async fn a_start_the_store_missed_is_written_back() {
     // What another replica stored for the id before the stall.
     let key = format!("{PREFIX}accumulate:u:97");
     let elsewhere = "http://127.0.0.1:1";
-    {
-        let mut c = redis.client().get_connection().unwrap();
-        let () = redis::cmd("SET")
-            .arg(&key)
-            .arg(elsewhere)
-            .arg("PX")
-            .arg(60_000)
-            .query(&mut c)
-            .unwrap();
-    }
+    redis.set(&key, elsewhere);
     let pid = redis.process.id().to_string();
     let signal = |s: &str| {
         assert!(Command::new("kill")
@@ -898,16 +896,9 @@ async fn concurrent_claims_share_one_round_trip() {
     let table = PinTable::new(1000, idle);
     // Ids 0..20 are held elsewhere already; then the connection is warm, so that the batch
     // below is the only round trip counted.
-    {
-        let mut c = redis.client().get_connection().unwrap();
-        for id in 0..20u64 {
-            let key = tensorgate::pinstore::pin_key(PREFIX, "m", &SequenceId::Uint(id));
-            let _: () = redis::cmd("SET")
-                .arg(&key)
-                .arg("http://elsewhere")
-                .query(&mut c)
-                .unwrap();
-        }
+    for id in 0..20u64 {
+        let key = tensorgate::pinstore::pin_key(PREFIX, "m", &SequenceId::Uint(id));
+        redis.set(&key, "http://elsewhere");
     }
     let warm = store
         .claim(&table, "m", &SequenceId::Uint(1000), "http://a")
@@ -1002,16 +993,7 @@ async fn a_pin_changed_in_the_store_is_followed_after_the_renewal() {
     // The other worker holds a sequence 1 of its own (sum 100), and the store names it.
     let direct = accumulate(&client, &other.url, 1, true, false, 100).await;
     assert_eq!(direct.output_int("OUTPUT0"), Some(100), "{direct:?}");
-    {
-        let mut c = redis.client().get_connection().unwrap();
-        let _: () = redis::cmd("SET")
-            .arg("tensorgate:pin:accumulate:u:1")
-            .arg(&other.url)
-            .arg("PX")
-            .arg(60_000)
-            .query(&mut c)
-            .unwrap();
-    }
+    redis.set("tensorgate:pin:accumulate:u:1", &other.url);
 
     // Requests keep coming every 30 ms; after the first renewal they reach the other worker,
     // which adds to its own sum.
@@ -1154,14 +1136,7 @@ async fn an_out_of_date_pin_removes_no_live_pin_from_the_store() {
         .find(|w| Some(&w.name) != r.backend.as_ref())
         .unwrap();
     // Written behind the gateway's back, without an announcement: its cache is out of date.
-    let mut c = redis.client().get_connection().unwrap();
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&other.url)
-        .arg("PX")
-        .arg(60_000)
-        .query(&mut c)
-        .unwrap();
+    redis.set(&key, &other.url);
     let end = accumulate(&client, &b, 61, false, true, 2).await;
     assert_eq!(
         (
@@ -1212,15 +1187,8 @@ async fn rediscovery_for_unknown_pinned_backends_runs_once_a_second() {
     let b = base(&gw);
     // Another replica pinned these sequences to an address this one never resolves.
     let elsewhere = format!("http://127.0.0.3:{}", worker.port);
-    let mut c = redis.client().get_connection().unwrap();
     for id in 1..=40u64 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("{PREFIX}accumulate:u:{id}"))
-            .arg(&elsewhere)
-            .arg("PX")
-            .arg(60_000)
-            .query(&mut c)
-            .unwrap();
+        redis.set(&format!("{PREFIX}accumulate:u:{id}"), &elsewhere);
     }
     let client = http_client();
     let burst = |ids: std::ops::RangeInclusive<u64>| {

@@ -455,7 +455,6 @@ async fn stream_message(
     // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed.
     let mut held = gw.bodies.reserve();
     let over_budget = held.hold(msg.encoded_len()).err();
-    let name = msg.model_name.clone();
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     let model = (
         msg.model_name.clone(),
@@ -466,7 +465,7 @@ async fn stream_message(
         let what = Abandon {
             request_id: request_id.clone(),
             peer,
-            model: Some(model),
+            model: Some(model.clone()),
         };
         went_away(gw, STREAM_PATH, start, STREAM_ENDED, what)
     });
@@ -492,7 +491,7 @@ async fn stream_message(
     finish(
         gw,
         STREAM_PATH,
-        (&mut obs, Some(&name)),
+        (&mut obs, Some(&model.0)),
         result.as_ref().err(),
         start,
         bytes_out,

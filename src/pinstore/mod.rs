@@ -339,12 +339,6 @@ impl PinStore {
         }
     }
 
-    /// Follows the pins other replicas move or remove, announced on the store's changes
-    /// channel: a cached pin that names another backend is dropped, so that the sequence's
-    /// next request asks the store, instead of reaching the old sequence's state until the
-    /// next renewal. While the subscription is down, announcements are missed: each new
-    /// subscription therefore makes every cached pin ask the store once more. Ends with the
-    /// store.
     /// Writes back, once a second while the store answers, the pins it did not take while
     /// it was away (`write_back`). Ends with the store.
     pub fn keep_writing_back(self: &Arc<Self>, pins: Arc<PinTable>) {
@@ -369,6 +363,12 @@ impl PinStore {
         });
     }
 
+    /// Follows the pins other replicas move or remove, announced on the store's changes
+    /// channel: a cached pin that names another backend is dropped, so that the sequence's
+    /// next request asks the store, instead of reaching the old sequence's state until the
+    /// next renewal. While the subscription is down, announcements are missed: each new
+    /// subscription therefore makes every cached pin ask the store once more. Ends with the
+    /// store.
     pub fn follow_changes(self: &Arc<Self>, pins: Arc<PinTable>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

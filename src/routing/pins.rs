@@ -157,6 +157,13 @@ pub struct PinTable {
 /// ask again, so more slots mean fewer needless claims; 256 counters cost 2 KiB.
 const CHANGE_SLOTS: usize = 256;
 
+/// The changes announced for a slot of keys when a claim was sent (`PinTable::change_mark`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeMark {
+    slot: usize,
+    count: u64,
+}
+
 /// `Pin::confirmed` of a pin the store has not vouched for since a change may have passed it.
 const UNCONFIRMED: u64 = u64::MAX;
 
@@ -187,8 +194,16 @@ impl PinTable {
 
     /// A mark of the changes announced so far that concern this sequence's slot: read before
     /// a claim is sent, and compared by `unconfirm_if_changed` once its answer is in.
-    pub fn change_mark(&self, model: &str, id: &SequenceId) -> u64 {
-        self.changes[change_slot(model, id)]
+    pub fn change_mark(&self, model: &str, id: &SequenceId) -> ChangeMark {
+        let slot = change_slot(model, id);
+        ChangeMark {
+            slot,
+            count: self.changes_at(slot),
+        }
+    }
+
+    fn changes_at(&self, slot: usize) -> u64 {
+        self.changes[slot]
             .load(Ordering::Acquire)
             .wrapping_add(self.changes_epoch.load(Ordering::Acquire))
     }
@@ -196,8 +211,8 @@ impl PinTable {
     /// After a claim whose mark was `mark`: if a change was announced meanwhile (perhaps of
     /// this very sequence, after Redis had answered the claim with the backend before it),
     /// the pin is kept but `Stale`, so that the sequence's next request asks the store again.
-    pub fn unconfirm_if_changed(&self, model: &str, id: &SequenceId, mark: u64) {
-        if self.change_mark(model, id) == mark {
+    pub fn unconfirm_if_changed(&self, model: &str, id: &SequenceId, mark: ChangeMark) {
+        if self.changes_at(mark.slot) == mark.count {
             return;
         }
         if let Some(mut pin) = self.pins.get_mut(&(model, id) as &dyn KeyParts) {
