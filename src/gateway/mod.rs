@@ -139,8 +139,7 @@ impl Gateway {
             config: ArcSwap::new(config),
         };
         if let Some(store) = &gw.pin_store {
-            store.follow_changes(gw.router.pins.clone());
-            store.keep_writing_back(gw.router.pins.clone());
+            store.start_tasks(gw.router.pins.clone());
         }
         Ok(gw)
     }

@@ -145,18 +145,24 @@ impl PinStore {
         metrics.expose_pin_store();
         store.up.set(1);
         tracing::info!(url = %store.url, ttl_ms = idle.as_millis() as u64, "sequence pins are shared through Redis");
-        let store = Arc::new(store);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(Self::watch(Arc::downgrade(&store)));
-        }
-        Ok(Some(store))
+        Ok(Some(Arc::new(store)))
     }
 
-    /// Says at startup whether Redis accepts this gateway, and if not, why; then, while the
-    /// store is down, probes it once a second, so that `tensorgate_pin_store_up` and the log
-    /// say when it answers again even if no sequence request comes to find out. Ends with
-    /// the store.
-    async fn watch(store: std::sync::Weak<Self>) {
+    /// Starts what the store does beside requests, for `pins`, its cache: `watch` and
+    /// `follow_changes`. Both end with the store.
+    pub fn start_tasks(self: &Arc<Self>, pins: Arc<PinTable>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(Self::watch(Arc::downgrade(self), pins.clone()));
+        self.follow_changes(&runtime, pins);
+    }
+
+    /// Says at startup whether Redis accepts this gateway, and if not, why; then, once a
+    /// second: while the store is down, probes it, so that `tensorgate_pin_store_up` and the
+    /// log say when it answers again even if no sequence request comes to find out; while it
+    /// answers, writes back the pins it did not take while it was away (`write_back`).
+    async fn watch(store: std::sync::Weak<Self>, pins: Arc<PinTable>) {
         let Some(s) = store.upgrade() else { return };
         // Whether this outage's cause was logged: a request's operation only knows that no
         // answer came within timeout_ms, which reads as a slow Redis when it is down.
@@ -179,6 +185,14 @@ impl PinStore {
             let Some(s) = store.upgrade() else { return };
             if s.up.get() != 0 {
                 cause_logged = false;
+                let waiting = !s
+                    .unstored
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty();
+                if waiting && s.now_ms() >= s.skip_until.load(Ordering::Relaxed) {
+                    s.write_back(&pins).await;
+                }
                 continue;
             }
             match s.redis.probe(s.timeout.max(BACKOFF)).await {
@@ -339,40 +353,13 @@ impl PinStore {
         }
     }
 
-    /// Writes back, once a second while the store answers, the pins it did not take while
-    /// it was away (`write_back`). Ends with the store.
-    pub fn keep_writing_back(self: &Arc<Self>, pins: Arc<PinTable>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = Arc::downgrade(self);
-        runtime.spawn(async move {
-            loop {
-                tokio::time::sleep(BACKOFF).await;
-                let Some(s) = store.upgrade() else { return };
-                let waiting = !s
-                    .unstored
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty();
-                if waiting && s.up.get() != 0 && s.now_ms() >= s.skip_until.load(Ordering::Relaxed)
-                {
-                    s.write_back(&pins).await;
-                }
-            }
-        });
-    }
-
     /// Follows the pins other replicas move or remove, announced on the store's changes
     /// channel: a cached pin that names another backend is dropped, so that the sequence's
     /// next request asks the store, instead of reaching the old sequence's state until the
     /// next renewal. While the subscription is down, announcements are missed: each new
     /// subscription therefore makes every cached pin ask the store once more. Ends with the
     /// store.
-    pub fn follow_changes(self: &Arc<Self>, pins: Arc<PinTable>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+    fn follow_changes(self: &Arc<Self>, runtime: &tokio::runtime::Handle, pins: Arc<PinTable>) {
         let store = Arc::downgrade(self);
         runtime.spawn(async move {
             // Said once per outage: while Redis is down the other operations warn already.
