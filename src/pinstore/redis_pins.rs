@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script};
+use redis::{Client, IntoConnectionInfo, Script};
 
 use crate::config::redis_url::redact;
 
@@ -94,15 +94,22 @@ impl RedisPins {
         timeout: Duration,
         claim_trips: IntCounter,
     ) -> Result<Self, String> {
+        // The client leaves Nagle's algorithm on: a command written while another is still
+        // unanswered (a PUT beside a claim batch) would wait for Redis to ACK the first.
+        let info = url
+            .into_connection_info()
+            .map_err(|e| format!("{}: {e}", redact(url)))?;
+        let tcp = info.tcp_settings().clone().set_nodelay(true);
+        let info = info.set_tcp_settings(tcp);
         let client = match ca {
             Some(pem) => Client::build_with_tls(
-                url,
+                info,
                 redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(pem),
                 },
             ),
-            None => Client::open(url),
+            None => Client::open(info),
         }
         .map_err(|e| format!("{}: {e}", redact(url)))?;
         let config = ConnectionManagerConfig::new()
@@ -300,5 +307,24 @@ mod tests {
             pin_key(p, "a:s%", &SequenceId::Uint(7)),
             "tensorgate:pin:a%3As%25:u:7"
         );
+    }
+
+    /// Both connections (commands and the changes subscription) come from this client.
+    #[tokio::test]
+    async fn connections_are_made_without_nagle() {
+        for url in ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0"] {
+            let trips = IntCounter::new("trips", "trips").unwrap();
+            let pins = RedisPins::new(
+                url,
+                None,
+                "p:",
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                trips,
+            )
+            .unwrap();
+            let info = pins.client.get_connection_info();
+            assert!(info.tcp_settings().nodelay(), "{url}");
+        }
     }
 }
