@@ -1172,13 +1172,18 @@ impl tensorgate::fleet::discovery::Resolve for CountingResolver {
 /// Shared pins that name a backend this replica cannot find make it resolve its DNS
 /// backends again, but at most once a second, however many requests ask at once: a burst
 /// of such sequences is not a burst of DNS queries. The requests get a 503 naming the
-/// backend, since their state lives where this replica cannot reach.
+/// backend, since their state lives where this replica cannot reach. A pin naming a backend
+/// this replica has, but down, resolves nothing: DNS would only find it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediscovery_for_unknown_pinned_backends_runs_once_a_second() {
     let redis = Redis::start().await;
-    let worker = Worker::start("w", "127.0.0.2", 0, &["accumulate"]).await;
+    let mut worker = Worker::start("w", "127.0.0.2", 0, &["accumulate"]).await;
+    // A second keeps the model served once the first is stopped.
+    let _second = Worker::start("w2", "127.0.0.4", worker.port, &["accumulate"]).await;
     let resolver = CountingResolver::default();
-    resolver.inner.set("workers.test", &["127.0.0.2"]);
+    resolver
+        .inner
+        .set("workers.test", &["127.0.0.2", "127.0.0.4"]);
     let fleet = pins_toml(
         "refresh_interval_ms = 200\ndns_interval_ms = 3600000",
         &redis.url(),
@@ -1223,5 +1228,35 @@ async fn rediscovery_for_unknown_pinned_backends_runs_once_a_second() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     burst(21..=40).await;
     assert_eq!(resolver.lookups.load(Ordering::SeqCst) - before, 2);
+    // A pin naming a backend this replica has, down: DNS would only find it again.
+    worker.process.kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let known = format!("http://127.0.0.2:{}", worker.port);
+    let usable = || {
+        let catalog = gw.gateway.fleet.catalog();
+        let entry = catalog
+            .get("accumulate")
+            .expect("the second worker serves it");
+        entry
+            .ready
+            .iter()
+            .any(|h| h.key == known && !h.health.is_ejected())
+    };
+    while usable() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead worker stays usable"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    redis.set(&format!("{PREFIX}accumulate:u:41"), &known);
+    let r = accumulate(&client, &b, 41, false, false, 1).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(
+        resolver.lookups.load(Ordering::SeqCst) - before,
+        2,
+        "no lookup for a backend the fleet has"
+    );
     gw.shutdown().await;
 }

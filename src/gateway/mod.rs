@@ -219,15 +219,27 @@ impl Gateway {
     }
 
     /// Resolves the DNS backends again now, for a request that the shared pin store sends to
-    /// a backend this replica has not discovered yet (another replica saw it first). However
-    /// many requests ask, it runs at most once a second; those that asked meanwhile wait for
-    /// the run in progress and take its result.
-    pub async fn catch_up(&self) {
+    /// `holder`, a backend this replica has not discovered yet (another replica saw it
+    /// first). However many requests ask, it runs at most once a second; those that asked
+    /// meanwhile wait for the run in progress and take its result. Nothing to do for a
+    /// backend this replica already has but cannot use now (unhealthy, ejected: DNS would
+    /// only find it again), nor without DNS backends.
+    pub async fn catch_up(&self, holder: &str) {
+        if self.fleet.backends().iter().any(|h| h.key == holder)
+            || !self
+                .config()
+                .backends
+                .iter()
+                .any(|b| b.discovery == crate::config::Discovery::Dns)
+        {
+            return;
+        }
         let mut last = self.caught_up.lock().await;
         if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
             return;
         }
         tracing::info!(
+            backend = holder,
             "a shared pin names a backend this replica does not know; resolving DNS backends now"
         );
         if let Err(e) = self.rediscover().await {

@@ -269,7 +269,7 @@ impl Attempt<'_> {
         let (pins, id) = (&gw.router.pins, self.sequence());
         if !entry.ready.iter().any(|h| h.key == holder) {
             // It may know a backend that this replica has yet to discover.
-            gw.catch_up().await;
+            gw.catch_up(holder).await;
             if let Some(newer) = gw.fleet.catalog().get(model) {
                 *entry = std::borrow::Cow::Owned(newer.clone());
             }
