@@ -613,6 +613,16 @@ async fn a_heavy_model_does_not_hold_up_health_or_other_models() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_repository_models_in_process() {
     let repo = repository("onnx-serve");
+    // Without batching, every tensor's dims start with -1: v2 metadata ([-1, 5]) reads the
+    // same as a batching model's.
+    copy_dir(&fixtures().join("half/half"), &repo.path("halfnb"));
+    std::fs::write(
+        repo.path("halfnb/config.pbtxt"),
+        "name: \"halfnb\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 0\n\
+         input [ { name: \"X\" data_type: TYPE_FP16 dims: [ -1, 5 ] } ]\n\
+         output [ { name: \"SCORES\" data_type: TYPE_FP16 dims: [ -1, 5 ] } ]\n",
+    )
+    .unwrap();
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ngrpc_listen = \"\"\n\n\
          [[backends]]\nname = \"local\"\nurl = \"builtin\"\nmodel_repository = {:?}\n",
@@ -681,6 +691,36 @@ async fn serve_runs_repository_models_in_process() {
     )
     .await;
     assert_eq!(config["max_batch_size"], 0, "{config}");
+    let (_, config) = get_json(&client, &format!("{}/v2/models/halfnb/config", base(&gw))).await;
+    assert_eq!(
+        (
+            &config["max_batch_size"],
+            &config["input"][0]["dims"],
+            &config["output"][0]["dims"]
+        ),
+        (&json!(0), &json!([-1, 5]), &json!([-1, 5])),
+        "{config}"
+    );
+    // Classes are taken over the whole tensor of a model without batching (version 2 of
+    // intbool adds 1 to the sum), as Triton
+    // does: [k], not k per row of its leading dimension.
+    let body = json!({
+        "inputs": [
+            {"name": "A", "datatype": "INT32", "shape": [2, 4], "data": [1, 2, 3, 4, 5, 6, 7, 8]},
+            {"name": "B", "datatype": "INT32", "shape": [2, 4], "data": [0, 0, 0, 0, 0, 0, 0, 0]}],
+        "outputs": [{"name": "SUM", "parameters": {"classification": 3}}]});
+    let (status, reply) = post_json(
+        &client,
+        &format!("{}/v2/models/intbool/infer", base(&gw)),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        (&reply["outputs"][0]["shape"], &reply["outputs"][0]["data"]),
+        (&json!([3]), &json!(["9:7", "8:6", "7:5"])),
+        "{reply}"
+    );
     gw.shutdown().await;
 
     // The command line: --model-repository needs the built-in backend.

@@ -219,6 +219,12 @@ pub trait Backend: Send + Sync {
     fn labels(&self, _model: &str, _output: &str) -> Option<std::sync::Arc<Vec<String>>> {
         None
     }
+    /// Whether an in-process model's tensors start with a batch dimension (its
+    /// `max_batch_size > 0`); `None` where v2 metadata is all there is to go by, which
+    /// cannot tell a batch dimension from a leading variable one.
+    fn batches(&self, _model: &str) -> Option<bool> {
+        None
+    }
     /// What the backend's own configuration of `model` says (Triton's and tensorgate's);
     /// `None` when it has none, or cannot be asked.
     fn stated_config<'a>(&'a self, _model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {

@@ -327,6 +327,11 @@ impl Backend for BuiltinBackend {
         self.models.load().get(model)?.model.labels(output)
     }
 
+    fn batches(&self, model: &str) -> Option<bool> {
+        let n = self.models.load().get(model)?.model.max_batch_size()?;
+        Some(n > 0)
+    }
+
     fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
         // Labels of in-process models reach the configuration through `labels`.
         let known = self.models.load().get(model).map(|slot| StatedConfig {

@@ -53,7 +53,19 @@ pub async fn model_config(
         .into_iter()
         .flatten()
         .collect();
-    if config.max_batch_size == UNKNOWN_MAX_BATCH {
+    // Every leading dimension is -1, which v2 metadata also shows for a model that does not
+    // batch (`max_batch_size: 0`, dims starting with -1): its backends say which it is.
+    let unbatched = !stated.is_empty() && stated.iter().all(|s| s.max_batch_size == Some(0));
+    if config.max_batch_size == UNKNOWN_MAX_BATCH && unbatched {
+        config.max_batch_size = 0;
+        let m = &entry.metadata;
+        for (c, t) in config.input.iter_mut().zip(&m.inputs) {
+            c.dims = t.shape.clone();
+        }
+        for (c, t) in config.output.iter_mut().zip(&m.outputs) {
+            c.dims = t.shape.clone();
+        }
+    } else if config.max_batch_size == UNKNOWN_MAX_BATCH {
         let smallest = stated
             .iter()
             .filter_map(|s| s.max_batch_size.filter(|n| *n > 0))

@@ -52,8 +52,9 @@ fn gateway_applies(
     }
 }
 
-/// Whether an output is [batch, classes]: per its metadata when the model describes it (a
-/// leading -1, as Triton's `max_batch_size > 0` shows in v2 metadata), and otherwise when
+/// Whether an output is [batch, classes]: per an in-process model's `max_batch_size`, else
+/// per its metadata when the model describes it (a leading -1, as Triton's
+/// `max_batch_size > 0` shows in v2 metadata), and otherwise when
 /// the output itself has rank 2 or more, which is how batched models' outputs look.
 fn is_batched(batched: Option<bool>, t: &Tensor) -> bool {
     batched.unwrap_or(t.shape.len() >= 2)
@@ -90,7 +91,10 @@ pub fn classifications(
             out.push(Classification {
                 output: o.name.clone(),
                 k,
-                batched: meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1),
+                batched: backend
+                    .backend
+                    .batches(&model.name)
+                    .or_else(|| meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1)),
                 labels: labels.get(&model.name, &o.name).or_else(|| {
                     in_process
                         .then(|| backend.backend.labels(&model.name, &o.name))
