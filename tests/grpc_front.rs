@@ -1462,6 +1462,52 @@ async fn contents_beyond_the_shape_fail_one_stream_message() {
 }
 
 /// Sends `messages` on one ModelStreamInfer stream and collects every answer (bounded).
+/// `triton_enable_empty_final_response`, the one `triton_` parameter Triton takes (the real
+/// client's `enable_empty_final_response`): each stream answer then carries
+/// `triton_final_response`, true, since each is its request's last; a non-bool is refused;
+/// a unary call takes it and carries nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_marks_final_answers_when_asked() {
+    let (gw, mut c) = start(config(&[], "")).await;
+    let with = |v: pb::InferParameter| {
+        let mut m = simple(&[1; 16], &[2; 16]);
+        m.parameters
+            .insert("triton_enable_empty_final_response".into(), v);
+        m
+    };
+    let messages = vec![
+        with(boolean(true)),
+        simple(&[1; 16], &[2; 16]),
+        with(int64(1)),
+        with(boolean(false)),
+    ];
+    let got = stream_all(&mut c, messages).await;
+    let flag = |r: &pb::ModelStreamInferResponse| {
+        r.infer_response
+            .as_ref()
+            .and_then(|r| r.parameters.get("triton_final_response").cloned())
+    };
+    assert_eq!(got.len(), 4);
+    assert_eq!(
+        (got[0].error_message.as_str(), flag(&got[0])),
+        ("", Some(boolean(true)))
+    );
+    assert_eq!((got[1].error_message.as_str(), flag(&got[1])), ("", None));
+    assert_eq!(
+        got[2].error_message,
+        "parameter 'triton_enable_empty_final_response' must be a bool, not an unsigned integer"
+    );
+    assert_eq!((got[3].error_message.as_str(), flag(&got[3])), ("", None));
+    let unary = c
+        .model_infer(with(boolean(true)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(i32s(output(&unary, "OUTPUT0"))[0], 3);
+    assert!(unary.parameters.get("triton_final_response").is_none());
+    gw.shutdown().await;
+}
+
 async fn stream_all(
     c: &mut GrpcInferenceServiceClient<tonic::transport::Channel>,
     messages: Vec<pb::ModelInferRequest>,

@@ -23,6 +23,7 @@ use crate::gateway::observe::{
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::headers::names;
 use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb, peek_sequence_id};
+use crate::protocol::params::{ENABLE_EMPTY_FINAL_RESPONSE, FINAL_RESPONSE};
 
 /// Requests of one stream handled at once; further messages wait to be read, which
 /// pushes back on the client through HTTP/2 flow control. Messages waiting for their
@@ -477,6 +478,7 @@ async fn stream_message(
     obs.request_id = request_id.clone();
     obs.peer = peer;
     let id = msg.id.clone();
+    let says_final = asks_final_flag(&msg);
     let result = async {
         if let Some(refused) = over_budget {
             return Err(refused);
@@ -497,7 +499,7 @@ async fn stream_message(
         bytes_out,
     );
     abandoned.disarm();
-    match result {
+    let mut answer = match result {
         Ok(r) => pb::ModelStreamInferResponse {
             error_message: String::new(),
             infer_response: Some(r),
@@ -510,7 +512,31 @@ async fn stream_message(
                 ..Default::default()
             }),
         },
+    };
+    if says_final {
+        // One answer per request (no decoupled models here): each is its request's last, as
+        // Triton marks the answer of a model that is not decoupled.
+        if let Some(r) = answer.infer_response.as_mut() {
+            r.parameters.insert(
+                FINAL_RESPONSE.to_string(),
+                pb::InferParameter {
+                    parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+                },
+            );
+        }
     }
+    answer
+}
+
+/// Whether a stream's request set `triton_enable_empty_final_response` (a non-bool value is
+/// refused with the request's other parameters).
+fn asks_final_flag(msg: &pb::ModelInferRequest) -> bool {
+    matches!(
+        msg.parameters
+            .get(ENABLE_EMPTY_FINAL_RESPONSE)
+            .and_then(|p| p.parameter_choice.as_ref()),
+        Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
+    )
 }
 
 #[cfg(test)]

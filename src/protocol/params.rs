@@ -268,6 +268,12 @@ pub enum SequenceId {
     String(String),
 }
 
+/// The request parameter (Triton's, for ModelStreamInfer) that asks each answer to say
+/// whether it is the request's last.
+pub const ENABLE_EMPTY_FINAL_RESPONSE: &str = "triton_enable_empty_final_response";
+/// The answer's parameter that says so.
+pub const FINAL_RESPONSE: &str = "triton_final_response";
+
 /// Triton's limit on string sequence ids.
 pub const MAX_SEQUENCE_ID_LEN: usize = 128;
 
@@ -285,7 +291,7 @@ pub struct RequestOptions {
 impl RequestOptions {
     pub fn from_parameters(p: &Parameters) -> Result<RequestOptions> {
         for (k, _) in p.iter() {
-            if k.starts_with("triton_") {
+            if k.starts_with("triton_") && k != ENABLE_EMPTY_FINAL_RESPONSE {
                 return Err(ProtocolError::invalid(format!(
                     "parameter '{k}' is reserved: names starting with 'triton_' may not be used"
                 )));
@@ -312,6 +318,9 @@ impl RequestOptions {
                 ))
             }
         };
+        // Triton's one `triton_` request parameter: a stream's answers then say which is a
+        // request's last (`triton_final_response`). Every answer is, here.
+        p.get_bool(ENABLE_EMPTY_FINAL_RESPONSE)?;
         let sequence_start = p.get_bool("sequence_start")?.unwrap_or(false);
         let sequence_end = p.get_bool("sequence_end")?.unwrap_or(false);
         if sequence_id.is_none() {
@@ -485,9 +494,17 @@ mod tests {
             "parameter 'binary_data_output' must be a bool, not a string"
         );
         assert_eq!(
-            err(r#"{"triton_enable_empty_final_response": true}"#),
-            "parameter 'triton_enable_empty_final_response' is reserved: names starting with 'triton_' may not be used"
+            err(r#"{"triton_other": true}"#),
+            "parameter 'triton_other' is reserved: names starting with 'triton_' may not be used"
         );
+        // The one Triton itself takes.
+        assert_eq!(
+            err(r#"{"triton_enable_empty_final_response": 1}"#),
+            "parameter 'triton_enable_empty_final_response' must be a bool, not an unsigned integer"
+        );
+        let p: Parameters =
+            serde_json::from_str(r#"{"triton_enable_empty_final_response": true}"#).unwrap();
+        assert!(RequestOptions::from_parameters(&p).is_ok());
         assert_eq!(
             err(r#"{"timeout": -5}"#),
             "parameter 'timeout' must be an unsigned integer, not a negative integer"

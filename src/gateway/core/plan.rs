@@ -132,6 +132,9 @@ pub fn adapt_request(
     let classified: std::collections::HashSet<&str> =
         classifications.iter().map(|c| c.output.as_str()).collect();
     r.parameters.remove("binary_data_output");
+    // The client's stream asked it of the gateway, which answers it (gRPC's edge).
+    r.parameters
+        .remove(crate::protocol::params::ENABLE_EMPTY_FINAL_RESPONSE);
     match &mut r.outputs {
         Some(outputs) => {
             for o in outputs.iter_mut() {
