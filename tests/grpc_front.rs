@@ -1504,7 +1504,7 @@ async fn a_stream_marks_final_answers_when_asked() {
         .unwrap()
         .into_inner();
     assert_eq!(i32s(output(&unary, "OUTPUT0"))[0], 3);
-    assert!(unary.parameters.get("triton_final_response").is_none());
+    assert!(!unary.parameters.contains_key("triton_final_response"));
     gw.shutdown().await;
 }
 
