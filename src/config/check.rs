@@ -637,6 +637,18 @@ fn check_url(url: &str) -> Result<(), String> {
     if uri.host().is_none() {
         return Err(format!("backend url '{url}' has no host"));
     }
+    // http::Uri keeps any digits as the port, and without a u16 the connection would go to
+    // the scheme's default port: a typo must not send traffic to whatever listens on 80.
+    let host_port = uri
+        .authority()
+        .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""));
+    if let Some((_, port)) = host_port.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+        if !port.is_empty() && uri.port_u16().is_none_or(|p| p == 0) {
+            return Err(format!(
+                "backend url '{url}' has port {port}: a port is 1 to 65535"
+            ));
+        }
+    }
     if !matches!(uri.path(), "" | "/") {
         return Err(format!("backend url '{url}' must not have a path"));
     }
@@ -914,6 +926,21 @@ mod tests {
                 "line 2: a backend's name must not be empty: logs, metrics and answers name it",
                 "line 3: backend url 'http://h:1/?x=1' must not have a query or fragment: the v2 paths are appended to it",
             ]
+        );
+        // A port that no TCP port is, which the URL type keeps and a connection would
+        // replace by the scheme's default.
+        for (port, bad) in [("99999", true), ("0", true), ("65535", false), ("", false)] {
+            let url = format!("http://h:{port}");
+            let text = format!("[[backends]]\nname = \"b\"\nurl = \"{url}\"\n");
+            let expected =
+                format!("line 3: backend url '{url}' has port {port}: a port is 1 to 65535");
+            match parse_and_check(&text) {
+                Ok(_) => assert!(!bad, "{url} passes"),
+                Err(_) => assert_eq!(errors(&text), [expected]),
+            }
+        }
+        assert!(
+            parse_and_check("[[backends]]\nname = \"b\"\nurl = \"http://[::1]:8000\"\n").is_ok()
         );
         // A wrong type blanked to find more errors is not also a missing field.
         assert_eq!(

@@ -15,6 +15,20 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("'{}' has no host", redact(url)));
     }
+    if parsed.port() == Some(0) {
+        return Err(format!(
+            "'{}' has port 0: a port is 1 to 65535",
+            redact(url)
+        ));
+    }
+    // The client reads no password from the query (a `?password=` went unused, and into
+    // every log line that names the URL).
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!(
+            "'{}' must not have a query or fragment: a password goes before the host, as in redis://:PASSWORD@host:6379/0",
+            redact(url)
+        ));
+    }
     let db = parsed.path().trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
         return Err(format!(
@@ -48,16 +62,20 @@ pub fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
 /// ends at the last `@`, not at the first `/`, `?` or `#`: a password written without
 /// percent-encoding may hold any of them (and such a URL is exactly the one an error message
 /// shows). Erring the other way only hides more than the password.
+/// A query (which `check_url` refuses) is hidden whole: it may carry a password too.
 pub fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
     };
-    let Some(at) = url[scheme_end..].rfind('@').map(|i| scheme_end + i) else {
-        return url.to_string();
+    let at = url[scheme_end..].rfind('@').map(|i| scheme_end + i);
+    let rest = at.unwrap_or(scheme_end);
+    let tail = match url[rest..].find('?').map(|i| rest + i) {
+        Some(q) => format!("{}?***", &url[rest..q]),
+        None => url[rest..].to_string(),
     };
-    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
-        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
-        None => url.to_string(),
+    match at.and_then(|at| url[scheme_end..at].find(':').map(|i| scheme_end + i)) {
+        Some(colon) => format!("{}:***{tail}", &url[..colon]),
+        None => format!("{}{tail}", &url[..rest]),
     }
 }
 
@@ -85,6 +103,19 @@ mod tests {
         assert_eq!(redact("http://:pw@h:1"), "http://:***@h:1");
         assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
         assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(redact("redis://h:1/0?password=pw"), "redis://h:1/0?***");
+        assert_eq!(
+            redact("redis://:a?b@h:1/0?password=pw"),
+            "redis://:***@h:1/0?***"
+        );
+        assert_eq!(
+            check_url("redis://127.0.0.1:6379/0?password=pw"),
+            Err("'redis://127.0.0.1:6379/0?***' must not have a query or fragment: a password goes before the host, as in redis://:PASSWORD@host:6379/0".into())
+        );
+        assert_eq!(
+            check_url("redis://127.0.0.1:0/0"),
+            Err("'redis://127.0.0.1:0/0' has port 0: a port is 1 to 65535".into())
+        );
         // Passwords that were not percent-encoded hide nothing of themselves.
         for password in ["se?cret", "se/cret", "se#cret", "se@cret", "a/b?c#d@e"] {
             let url = format!("redis://:{password}@h:1/0");
