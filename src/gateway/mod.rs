@@ -225,17 +225,16 @@ impl Gateway {
     /// backend this replica already has but cannot use now (unhealthy, ejected: DNS would
     /// only find it again), nor without DNS backends.
     pub async fn catch_up(&self, holder: &str) {
-        if self.fleet.backends().iter().any(|h| h.key == holder)
-            || !self
-                .config()
-                .backends
-                .iter()
-                .any(|b| b.discovery == crate::config::Discovery::Dns)
-        {
+        let dns = |b: &crate::config::BackendConfig| b.discovery == crate::config::Discovery::Dns;
+        if !self.config().backends.iter().any(dns) {
             return;
         }
         let mut last = self.caught_up.lock().await;
-        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        // Asked after the lock: a run in progress adds the backend to the fleet before its
+        // models reach the catalog, which the caller reads once this returns.
+        if self.fleet.backends().iter().any(|h| h.key == holder)
+            || last.is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         tracing::info!(
