@@ -115,8 +115,8 @@ fn corpus() -> Vec<Case> {
         case(
             "ihcl huge",
             good.clone(),
-            400,
-            "must be a non-negative integer",
+            413,
+            "(Inference-Header-Content-Length); the limit is",
         ),
         "99999999999999999999999",
     ));

@@ -47,9 +47,10 @@ pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, 
 /// The value of an `Inference-Header-Content-Length` header: the one place it is parsed.
 pub fn parse_header_length(raw: &[u8]) -> Result<usize> {
     let text = std::str::from_utf8(raw).unwrap_or("").trim();
-    text.parse()
-        .ok()
-        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+    // Digits past usize::MAX are a length too, only too large: the limit's 413 says so.
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| text.parse().unwrap_or(usize::MAX))
         .ok_or_else(|| {
             ProtocolError::invalid(format!(
                 "Inference-Header-Content-Length must be a non-negative integer, got '{}'",
@@ -879,6 +880,11 @@ mod tests {
             e("3"),
             "Inference-Header-Content-Length is 3 but the body has only 2 bytes"
         );
+        assert_eq!(
+            e(""),
+            "Inference-Header-Content-Length must be a non-negative integer, got ''"
+        );
+        assert_eq!(parse_header_length(b"99999999999999999999"), Ok(usize::MAX));
         let (json, bin) = split_body(&body, Some(b"2")).unwrap();
         assert_eq!(
             (json.len(), bin.len()),
