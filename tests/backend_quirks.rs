@@ -28,7 +28,9 @@ fn metadata(model: &str) -> Option<Value> {
     Some(match model {
         "half" => json!({"name": model, "inputs": inputs, "outputs": io("FP16")}),
         "brain" => json!({"name": model, "inputs": inputs, "outputs": io("BF16")}),
-        "full" | "empty" => json!({"name": model, "inputs": inputs, "outputs": io("FP32")}),
+        "full" | "empty" | "small" => {
+            json!({"name": model, "inputs": inputs, "outputs": io("FP32")})
+        }
         // MLServer without a signature: nothing described.
         "nosig" | "nonfinite" => {
             json!({"name": model, "platform": "", "inputs": [], "outputs": []})
@@ -76,6 +78,8 @@ fn infer(model: &str, req: &Value) -> (u16, String) {
         }
         // A server that answers without any output.
         ("empty", _) => (200, r#"{"model_name":"empty","outputs":[]}"#.to_string()),
+        // A server whose body limit is below the gateway's.
+        ("small", _) => (413, json!({"error": "request body too large"}).to_string()),
         _ => (500, json!({"error": "unscripted"}).to_string()),
     }
 }
@@ -95,10 +99,18 @@ async fn answer(
         ),
         ["", "health", _] => (200, "{}".to_string()),
         ["", "repository", "index"] => {
-            let models: Vec<Value> = ["half", "brain", "full", "nosig", "nonfinite", "empty"]
-                .iter()
-                .map(|m| json!({"name": m, "state": "READY"}))
-                .collect();
+            let models: Vec<Value> = [
+                "half",
+                "brain",
+                "full",
+                "nosig",
+                "nonfinite",
+                "empty",
+                "small",
+            ]
+            .iter()
+            .map(|m| json!({"name": m, "state": "READY"}))
+            .collect();
             (200, Value::from(models).to_string())
         }
         ["", "models", m] => match metadata(m) {
@@ -282,6 +294,22 @@ async fn an_answer_without_outputs_is_the_backends_fault() {
     env.infer_json("empty", &listed).await.assert_error(
         502,
         &format!("backend '{backend_name}' did not return the requested output 'OUTPUT0'"),
+    );
+    env.shutdown().await;
+}
+
+/// A backend's 413 is about what the gateway sent, which the gateway's own limits admitted
+/// (transcoded, perhaps, to JSON that the client never sent): the deployment's fault, a
+/// 502 naming the backend, not the client's 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backends_413_is_not_the_clients() {
+    let (backend, _log) = start_backend(&[]).await;
+    let env = start_env(backend).await;
+    let body =
+        json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0]}]});
+    env.infer_json("small", &body).await.assert_error(
+        502,
+        "backend 'backend-0' refused the request as the gateway sent it as too large (413: request body too large); its limit is below the gateway's",
     );
     env.shutdown().await;
 }

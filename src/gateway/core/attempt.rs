@@ -665,7 +665,7 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
 
 /// A backend's 4xx is the client's error and goes back as it came, but for a 404: the
 /// gateway found the model, so the backend that lacks it is out of date, not the client
-/// wrong (503, naming the backend). A 5xx is the backend's fault and says which backend.
+/// wrong (503, naming the backend); and a 413 (502, naming it). A 5xx is the backend's fault and says which backend.
 /// `model_failed`: a tensorgate worker marked the 5xx as a model's failure on the request.
 fn backend_status_error(
     backend: &BackendHandle,
@@ -680,6 +680,18 @@ fn backend_status_error(
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: format!(
                 "backend '{}' no longer serves model '{model}' (it answered 404: {message}); the gateway learns it at the next refresh",
+                backend.name
+            ),
+        };
+    }
+    // The request passed the gateway's own size limits, and what the backend received is
+    // what the gateway sent (transcoded to JSON for a backend that takes nothing else, say):
+    // a backend whose limit is lower is the deployment's fault, not the client's.
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return GatewayError::Backend {
+            status: StatusCode::BAD_GATEWAY,
+            message: format!(
+                "backend '{}' refused the request as the gateway sent it as too large (413: {message}); its limit is below the gateway's",
                 backend.name
             ),
         };
