@@ -826,6 +826,17 @@ async fn an_outage_is_logged_with_its_cause() {
     // Once per outage, however many probes fail.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(gw.log_text().matches(cause).count(), 1);
+    // The changes subscription cannot come back either: a refused connection, which is no
+    // matter of the Redis user's channels.
+    let log = gw.log_text();
+    let unsubscribed = log
+        .lines()
+        .find(|l| l.contains("cannot subscribe to the pin store's changes channel"))
+        .unwrap_or_else(|| panic!("no subscription failure logged:\n{log}"));
+    assert!(
+        unsubscribed.contains("Connection refused") && !unsubscribed.contains("ACL"),
+        "{unsubscribed}"
+    );
     let _back = Redis::start_on(port).await;
     let back = eventually(50, Duration::from_millis(100), || async {
         gw.log_text().contains("the pin store answers again")

@@ -379,7 +379,13 @@ impl PinStore {
                                 Ok(Err(e)) => e.to_string(),
                                 _ => format!("no answer within {} ms", STARTUP_PROBE.as_millis()),
                             };
-                            tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can (a Redis ACL user needs the channel {prefix}changes)");
+                            // The ACL hint only where Redis refused the channel itself: a
+                            // refused connection or a wrong password is no ACL matter.
+                            if error.contains("NOPERM") {
+                                tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can (a Redis ACL user needs the channel {prefix}changes)");
+                            } else {
+                                tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can");
+                            }
                         }
                         failing = true;
                         tokio::time::sleep(BACKOFF).await;
