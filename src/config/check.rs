@@ -488,7 +488,10 @@ fn check_pins(pins: &super::PinsConfig) -> Vec<String> {
         Redis => {
             if let Ok(Some(url)) = pins.resolve_url() {
                 if let Err(e) = super::redis_url::check_url(&url) {
-                    errors.push(format!("fleet.pins.url: {e}"));
+                    match &pins.url_env {
+                        Some(var) => errors.push(format!("fleet.pins.url_env: ${var}: {e}")),
+                        None => errors.push(format!("fleet.pins.url: {e}")),
+                    }
                 } else if pins.ca.is_some() && !url.starts_with("rediss://") {
                     errors.push("fleet.pins.ca applies to rediss:// URLs only".into());
                 }
@@ -971,6 +974,12 @@ mod tests {
         assert_eq!(
             errors("[fleet.pins]\nurl = \"redis://h:1\"\n"),
             ["line 1: fleet.pins sets a Redis but fleet.pins.store is \"memory\"; set store = \"redis\" to use it"]
+        );
+        // A URL from the environment is the variable's fault, on its line.
+        std::env::set_var("TG_CHECK_TEST_BAD_REDIS_URL", "redis://:6379/0");
+        assert_eq!(
+            errors("[fleet.pins]\nstore = \"redis\"\nurl_env = \"TG_CHECK_TEST_BAD_REDIS_URL\"\n"),
+            ["line 3: fleet.pins.url_env: $TG_CHECK_TEST_BAD_REDIS_URL: 'redis://:6379/0' is not a valid URL: empty host"]
         );
         assert_eq!(
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"redis://h:1\"\nurl_env = \"X\"\n"),

@@ -4,6 +4,10 @@
 
 /// Accepts what the client accepts, and only the schemes the docs promise.
 pub fn check_url(url: &str) -> Result<(), String> {
+    // The URL's own complaint (empty host, invalid port number) where it does not parse.
+    if let Err(e) = url::Url::parse(url) {
+        return Err(format!("'{}' is not a valid URL: {e}", redact(url)));
+    }
     let parsed = redis::parse_redis_url(url)
         .ok_or_else(|| format!("'{}' is not a redis:// or rediss:// URL", redact(url)))?;
     if !matches!(parsed.scheme(), "redis" | "rediss") {
@@ -31,8 +35,13 @@ pub fn check_url(url: &str) -> Result<(), String> {
     }
     let db = parsed.path().trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
+        let why = if db.bytes().all(|b| b.is_ascii_digit()) {
+            "is out of range"
+        } else {
+            "is not a number"
+        };
         return Err(format!(
-            "'{}': the path must be a database number, as in redis://host:6379/0, not '/{db}'",
+            "'{}': the path must be a database number, as in redis://host:6379/0; '/{db}' {why}",
             redact(url)
         ));
     }
@@ -93,7 +102,19 @@ mod tests {
         );
         assert_eq!(
             check_url("redis://:secret@127.0.0.1:6379/x"),
-            Err("'redis://:***@127.0.0.1:6379/x': the path must be a database number, as in redis://host:6379/0, not '/x'".into())
+            Err("'redis://:***@127.0.0.1:6379/x': the path must be a database number, as in redis://host:6379/0; '/x' is not a number".into())
+        );
+        assert_eq!(
+            check_url("redis://h:6379/99999999999"),
+            Err("'redis://h:6379/99999999999': the path must be a database number, as in redis://host:6379/0; '/99999999999' is out of range".into())
+        );
+        assert_eq!(
+            check_url("redis://:6379/0"),
+            Err("'redis://:6379/0' is not a valid URL: empty host".into())
+        );
+        assert_eq!(
+            check_url("redis://x:99999/0"),
+            Err("'redis://x:99999/0' is not a valid URL: invalid port number".into())
         );
         assert_eq!(
             redact("redis://user:secret@h:1/2"),
