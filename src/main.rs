@@ -151,7 +151,7 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
         LogFormat::Json => builder.json().init(),
     }
     if let Some((env, why)) = refused {
-        tracing::warn!(rust_log = %env, server_log_level = %level, "RUST_LOG is not a log filter: {why}; using server.log_level");
+        tracing::warn!(rust_log = %env, level = %level, "RUST_LOG is not a log filter: {why}; logging at {level} instead (server.log_level for serve)");
     }
     guard
 }

@@ -1033,6 +1033,12 @@ async fn a_worker_is_live_while_it_reads_its_repository() {
         .await
         .unwrap();
     assert_eq!(r.status(), 503, "ready before resnet50 was read");
+    // A worker discovers nothing: it loads.
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "tensorgate has not finished loading its models"
+    );
     common_fleet::wait_ready(&client, &w.url, &mut w.process, &w.log).await;
     let idx = index(&client, &w.url).await;
     assert_eq!(entry(&idx, "resnet50", "1").unwrap()["state"], "READY");

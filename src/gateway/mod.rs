@@ -201,6 +201,21 @@ impl Gateway {
         Ok(())
     }
 
+    /// The answer before the first discovery round has ended: a gateway with only the
+    /// built-in backend (a worker) is loading its models, not discovering anything.
+    pub fn still_starting(&self) -> GatewayError {
+        let builtin_only = self
+            .config()
+            .backends
+            .iter()
+            .all(|b| b.url.get_ref() == "builtin");
+        GatewayError::Unavailable(if builtin_only {
+            "tensorgate has not finished loading its models".into()
+        } else {
+            "tensorgate has not finished discovering its backends".into()
+        })
+    }
+
     /// Resolves the DNS backends of the current config again. Serialized with reloads, so
     /// that it cannot apply the config a reload is replacing.
     pub async fn rediscover(&self) -> Result<(), String> {

@@ -41,9 +41,7 @@ pub fn server_ready(gw: &Gateway) -> Result<(), GatewayError> {
         ));
     }
     if !gw.fleet.refreshed_once() {
-        return Err(GatewayError::Unavailable(
-            "tensorgate has not finished discovering its backends".into(),
-        ));
+        return Err(gw.still_starting());
     }
     if !gw.fleet.catalog().any_ready() {
         return Err(GatewayError::Unavailable(no_ready_model(gw)));

@@ -37,9 +37,7 @@ fn find(
     let catalog = gw.fleet.catalog();
     let Some(entry) = catalog.get(model) else {
         if !gw.fleet.refreshed_once() {
-            return Err(GatewayError::Unavailable(
-                "tensorgate has not finished discovering its backends".into(),
-            ));
+            return Err(gw.still_starting());
         }
         return Err(not_served(gw, model, readiness));
     };
