@@ -329,7 +329,7 @@ async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
 /// with the message its client got, and counts against the model its path names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layers_refusal_is_logged_with_its_message() {
-    let (port, metrics) = (free_port(), free_port());
+    let (port, metrics, grpc) = (free_port(), free_port(), free_port());
     let dir = std::env::temp_dir().join(format!("tg-logs-auth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens");
@@ -338,7 +338,7 @@ async fn a_layers_refusal_is_logged_with_its_message() {
         "auth",
         port,
         &format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_format = \"json\"\nlog_level = \"info\"\n[auth]\ntokens_file = {:?}\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\nlog_format = \"json\"\nlog_level = \"info\"\n[auth]\ntokens_file = {:?}\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
             tokens.display().to_string()
         ),
         "/v2/health/ready",
@@ -358,7 +358,27 @@ async fn a_layers_refusal_is_logged_with_its_message() {
         .as_str()
         .unwrap()
         .to_string();
+    // A gRPC call the auth layer refuses names who sent it, as every other access line does.
+    let mut c = common_grpc::connect(([127, 0, 0, 1], grpc).into()).await;
+    let status = c
+        .model_metadata(pb::ModelMetadataRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     let text = gw.stop();
+    let refused = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v["target"] == "tensorgate::access"
+                && v["fields"]["path"] == "/inference.GRPCInferenceService/ModelMetadata"
+        })
+        .unwrap_or_else(|| panic!("no gRPC access line in {text}"));
+    let peer = refused["fields"]["peer"].as_str().unwrap_or_default();
+    assert!(peer.starts_with("127.0.0.1:"), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
     let line = text
         .lines()

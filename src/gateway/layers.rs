@@ -20,7 +20,14 @@ use crate::error::GatewayError;
 pub trait Policy: Clone + Send + Sync + 'static {
     type Body;
     fn exempt(&self, path: &str) -> bool;
-    fn deny(&self, gw: &Gateway, path: &str, e: GatewayError) -> Response<Self::Body>;
+    /// `extensions`: the refused request's, for who sent it.
+    fn deny(
+        &self,
+        gw: &Gateway,
+        path: &str,
+        extensions: &http::Extensions,
+        e: GatewayError,
+    ) -> Response<Self::Body>;
 }
 
 /// One check a request passes before its handler: what it holds while it is handled (a
@@ -131,7 +138,11 @@ where
                 held: Some(held),
             },
             Err(e) => GatedFuture::Denied {
-                denied: Some(self.layer.policy.deny(&self.layer.gw, path, e)),
+                denied: Some(
+                    self.layer
+                        .policy
+                        .deny(&self.layer.gw, path, req.extensions(), e),
+                ),
             },
         }
     }

@@ -223,18 +223,17 @@ async fn infer_one(
 
 /// Records an inference RPC that a shared layer refused (a missing token, shedding). Other
 /// RPCs, and unknown paths (whose names are the client's to choose), are not counted.
-pub(super) fn observe_refusal(gw: &Gateway, path: &str, e: &GatewayError) {
+pub(super) fn observe_refusal(
+    gw: &Gateway,
+    path: &str,
+    peer: Option<std::net::SocketAddr>,
+    e: &GatewayError,
+) {
+    let mut obs = Observation::new(Protocol::Grpc);
+    obs.peer = peer;
     if path == INFER_PATH || path == STREAM_PATH {
-        finish(
-            gw,
-            path,
-            (&mut Observation::new(Protocol::Grpc), None),
-            Some(e),
-            Instant::now(),
-            0,
-        );
+        finish(gw, path, (&mut obs, None), Some(e), Instant::now(), 0);
     } else {
-        let obs = Observation::new(Protocol::Grpc);
         access_log(
             "gRPC",
             path,

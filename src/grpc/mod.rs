@@ -105,8 +105,15 @@ impl Policy for GrpcPolicy {
             || (self.inference_exempt && (path == infer::STREAM_PATH || path == infer::INFER_PATH))
     }
 
-    fn deny(&self, gw: &Gateway, path: &str, e: GatewayError) -> http::Response<Body> {
-        infer::observe_refusal(gw, path, &e);
+    fn deny(
+        &self,
+        gw: &Gateway,
+        path: &str,
+        extensions: &http::Extensions,
+        e: GatewayError,
+    ) -> http::Response<Body> {
+        let peer = crate::gateway::observe::PeerAddr::of(extensions);
+        infer::observe_refusal(gw, path, peer, &e);
         e.to_grpc().into_http()
     }
 }

@@ -50,7 +50,7 @@ impl Policy for RestPolicy {
                 ))
     }
 
-    fn deny(&self, _: &Gateway, _: &str, e: GatewayError) -> Response<Body> {
+    fn deny(&self, _: &Gateway, _: &str, _: &http::Extensions, e: GatewayError) -> Response<Body> {
         observed_error(&e)
     }
 }
