@@ -321,11 +321,17 @@ fn main() -> ExitCode {
                     let mut late = Vec::new();
                     if let Some(t) = &config.server.tls {
                         if let Err(e) = tensorgate::tls::server_config(t) {
-                            late.push(error_at_key(&text, format!("server.tls: {e}")));
+                            late.push(error_at_key(
+                                &text,
+                                tensorgate::tls::in_table("server.tls", &e),
+                            ));
                         }
                     }
                     if let Err(e) = tensorgate::tls::client_config(&config.fleet.tls) {
-                        late.push(error_at_key(&text, format!("fleet.tls: {e}")));
+                        late.push(error_at_key(
+                            &text,
+                            tensorgate::tls::in_table("fleet.tls", &e),
+                        ));
                     }
                     for (i, b) in config.backends.iter().enumerate() {
                         if b.url.get_ref() != "builtin" {

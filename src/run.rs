@@ -130,7 +130,8 @@ pub async fn start_with_resolver(
     let client = new_client(
         Duration::from_millis(config.fleet.connect_timeout_ms),
         Duration::from_millis(config.fleet.pool_idle_timeout_ms),
-        crate::tls::client_config(&config.fleet.tls).map_err(|e| format!("fleet.tls: {e}"))?,
+        crate::tls::client_config(&config.fleet.tls)
+            .map_err(|e| crate::tls::in_table("fleet.tls", &e))?,
     );
     let metrics = Arc::new(Metrics::new(config.server.triton_metrics));
     let fleet = Arc::new(Fleet::new(
@@ -167,7 +168,7 @@ pub async fn start_with_resolver(
             metrics.expect_tls();
             Some(Arc::new(
                 ReloadableTls::new(t.clone())
-                    .map_err(|e| format!("server.tls: {e}"))?
+                    .map_err(|e| crate::tls::in_table("server.tls", &e))?
                     .counting_failures(metrics.tls_handshake_failures.clone()),
             ))
         }

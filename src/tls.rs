@@ -48,6 +48,20 @@ fn roots(path: &Path) -> Result<RootCertStore, String> {
 
 /// Builds the listener's TLS config from its files. An error names the key of the file at
 /// fault (`cert`, `key`, `client_ca`).
+/// `table` (`server.tls`, `fleet.tls`) before an error of `server_config` or
+/// `client_config`: joined to the key the error names (`server.tls.cert: ...`), so that
+/// check-config points at that key's line, not the table's.
+pub fn in_table(table: &str, error: &str) -> String {
+    let names_key = ["cert: ", "key: ", "ca: ", "client_ca: "]
+        .iter()
+        .any(|k| error.starts_with(k));
+    if names_key {
+        format!("{table}.{error}")
+    } else {
+        format!("{table}: {error}")
+    }
+}
+
 pub fn server_config(tls: &ServerTls) -> Result<ServerConfig, String> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(VERSIONS)

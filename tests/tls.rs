@@ -460,7 +460,7 @@ fn check_config_refuses_tls_files_serve_would_refuse() {
     assert_eq!(
         check(Some(&other_key)),
         format!(
-            "{}:4: server.tls: client_ca: {} holds no certificate",
+            "{}:7: server.tls.client_ca: {} holds no certificate",
             config.display(),
             other_key.display()
         )
