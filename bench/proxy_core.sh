@@ -11,6 +11,9 @@
 #   P2 with shared pins: tensorgate with [fleet.pins] store = "redis" (a redis-server on core 1),
 #       against the memory store, with a new id per request (a Redis round trip each) and with
 #       sequences of 20 requests; its Redis round trips per request come from its metrics.
+#       The new-id case once more with the runtime tensorgate picks by itself on one CPU (the
+#       multi-threaded one, with one worker; paths *_mt), whose scheduler runs a task woken
+#       by the running one next, where the current-thread one queues it behind every other.
 # Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
 # tensorgate runs with TOKIO_WORKER_THREADS=1, which selects its single-threaded runtime (as
 # `[server] worker_threads = 1` does).
@@ -43,6 +46,7 @@ wait_ready() { for _ in $(seq 1 100); do curl -sf "$1" >/dev/null 2>&1 && return
 
 B=$(free_port); N=$(free_port); NH=$(free_port); G=$(free_port)
 R=$(free_port); GR=$(free_port); GRM=$(free_port)
+GT=$(free_port); GRT=$(free_port); GRTM=$(free_port)
 META='{"name":"simple","versions":["1"],"platform":"fixed","inputs":[{"name":"INPUT0","datatype":"INT32","shape":[-1,16]},{"name":"INPUT1","datatype":"INT32","shape":[-1,16]}],"outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[-1,16]},{"name":"OUTPUT1","datatype":"INT32","shape":[-1,16]}]}'
 ANSWER='{"model_name":"simple","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[1,16],"data":[2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32]},{"name":"OUTPUT1","datatype":"INT32","shape":[1,16],"data":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]}'
 cat > "$OUT/nginx-backend/nginx.conf" <<NGINX
@@ -110,9 +114,20 @@ TOML
 env TOKIO_WORKER_THREADS=1 taskset -c 0 "$BIN" serve --config "$OUT/tensorgate-redis.toml" \
   > "$OUT/tensorgate-redis.log" 2>&1 & PIDS+=($!)
 GWR=$!
+# Both again with the runtime chosen by the gateway itself (one CPU: multi-threaded, one worker).
+env -u TOKIO_WORKER_THREADS taskset -c 0 "$BIN" serve --listen 127.0.0.1:$GT --grpc-listen "" \
+  --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$B > "$OUT/tensorgate-mt.log" 2>&1 & PIDS+=($!)
+GWT=$!
+sed -e "s/127.0.0.1:$GR\"/127.0.0.1:$GRT\"/" -e "s/127.0.0.1:$GRM\"/127.0.0.1:$GRTM\"/" \
+  "$OUT/tensorgate-redis.toml" > "$OUT/tensorgate-redis-mt.toml"
+env -u TOKIO_WORKER_THREADS taskset -c 0 "$BIN" serve --config "$OUT/tensorgate-redis-mt.toml" \
+  > "$OUT/tensorgate-redis-mt.log" 2>&1 & PIDS+=($!)
+GWRT=$!
 wait_ready "http://127.0.0.1:$B/v2/health/ready"
 wait_ready "http://127.0.0.1:$GR/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$G/v2/models/simple/ready"
+wait_ready "http://127.0.0.1:$GT/v2/models/simple/ready"
+wait_ready "http://127.0.0.1:$GRT/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$N/v2/health/ready"
 sleep 0.5
 NGINX_PROXY_WORKER=$(pgrep -P "$NGINX_PROXY" | head -1)
@@ -120,9 +135,9 @@ NGINX_BACKEND_WORKER=$(pgrep -f "nginx-backend/nginx.conf" | xargs -I{} pgrep -P
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 CLK=$(getconf CLK_TCK)
 
-# Redis round trips the shared-pins gateway has made so far.
+# Redis round trips a shared-pins gateway (its metrics port; default the first) has made so far.
 pin_ops() {
-  curl -sf "http://127.0.0.1:$GRM/metrics" |
+  curl -sf "http://127.0.0.1:${1:-$GRM}/metrics" |
     awk '/^tensorgate_pin_store_operations_total/ {s += $2} END {print s + 0}'
 }
 
@@ -132,8 +147,10 @@ run() {
   local name=$1 port=$2 seq=$3 pid=$4 round=$5 seqlen=${6:-1} before after ops_before ops_after
   if [ -n "$PATHS" ] && [[ " $PATHS " != *" $name "* ]]; then return 0; fi
   RUN_NO=$((RUN_NO + 1))
+  local mport=$GRM
+  [ "$name" = tensorgate_p2_redis_mt ] && mport=$GRTM
   before=$(cpu_ticks "$pid")
-  ops_before=$(pin_ops)
+  ops_before=$(pin_ops "$mport")
   # P1's body never changes (bench/static.lua: no Lua per request); P2's carries a sequence
   # id that changes every SEQLEN requests (bench/simple.lua).
   local script=bench/static.lua
@@ -141,7 +158,7 @@ run() {
   env SEQ="$seq" SEQLEN="$seqlen" SEQBASE=$((RUN_NO * 100000000)) taskset -c 1 wrk -t1 -c"$CONNS" -d"${DUR}s" --latency -s "$script" \
     "http://127.0.0.1:$port/v2/models/simple/infer" > "$OUT/$name.r$round.txt" 2>&1
   after=$(cpu_ticks "$pid")
-  ops_after=$(pin_ops)
+  ops_after=$(pin_ops "$mport")
   local f=$OUT/$name.r$round.txt
   echo "$name $round $((after - before)) $CLK $(awk '/Requests\/sec/ {print $2}' "$f") \
 $(awk '$1=="50%" {print $2}' "$f") $(awk '$1=="99%" {print $2}' "$f") \
@@ -157,5 +174,7 @@ for round in $(seq 1 "$ROUNDS"); do
   run tensorgate_p2_redis "$GR" 1 "$GWR" "$round"
   run tensorgate_p2x20 "$G" 1 "$GW" "$round" 20
   run tensorgate_p2x20_redis "$GR" 1 "$GWR" "$round" 20
+  run tensorgate_p2_mt "$GT" 1 "$GWT" "$round"
+  run tensorgate_p2_redis_mt "$GRT" 1 "$GWRT" "$round"
 done
 CONNS=$CONNS .venv/bin/python bench/render_core.py "$OUT/rounds.txt" "$DUR"

@@ -31,6 +31,8 @@ labels = [
     ("tensorgate_p2_redis", "P2 tensorgate, shared pins in Redis"),
     ("tensorgate_p2x20", "P2 tensorgate, sequences of 20 requests"),
     ("tensorgate_p2x20_redis", "P2 tensorgate, sequences of 20, shared pins in Redis"),
+    ("tensorgate_p2_mt", "P2 tensorgate, multi-threaded runtime (one worker)"),
+    ("tensorgate_p2_redis_mt", "P2 tensorgate, shared pins in Redis, multi-threaded runtime (one worker)"),
 ]
 print(f"{max(map(len, runs.values()), default=0)} alternating rounds of {dur:g} s, `wrk -t1 -c{os.environ.get('CONNS', '32')} --latency`; medians.\n")
 print("| path | req/s | req/s range | p50 | p99 | CPU/req of the proxy (backend for the direct row) | non-2xx |")
@@ -51,7 +53,8 @@ b = runs.get("backend_direct")
 fast = max((median(x["rps"] for x in runs[k]) for k in ("nginx_p1", "tensorgate_p1") if k in runs), default=0)
 if b and fast:
     print(f"\nBackend headroom: {median(x['rps'] for x in b) / fast:.2f} x the faster proxy (target ≥ 1.5).")
-for memory, redis in (("tensorgate_p2", "tensorgate_p2_redis"), ("tensorgate_p2x20", "tensorgate_p2x20_redis")):
+for memory, redis in (("tensorgate_p2", "tensorgate_p2_redis"), ("tensorgate_p2x20", "tensorgate_p2x20_redis"),
+                      ("tensorgate_p2_mt", "tensorgate_p2_redis_mt")):
     m, r = runs.get(memory), runs.get(redis)
     if m and r:
         print(f"\n{redis}: req/s {median(x['rps'] for x in r) / median(x['rps'] for x in m):.2f} x the memory store's, "
