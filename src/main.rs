@@ -64,7 +64,8 @@ enum Command {
         model_repository: Option<PathBuf>,
         /// Threads that serve requests, overriding server.worker_threads (0: the
         /// TOKIO_WORKER_THREADS variable, else one per core). 1 runs a single-threaded
-        /// runtime, the cheapest per request on one core.
+        /// runtime, the cheapest per request on one core (with [fleet.pins] store = "redis"
+        /// and many new sequences it serves fewer requests: leave it unset there).
         #[arg(long, value_name = "N", value_parser = worker_threads)]
         worker_threads: Option<usize>,
     },
