@@ -6,7 +6,6 @@ use crate::common_fleet;
 use crate::common_grpc;
 use crate::pki;
 
-use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -162,15 +161,6 @@ impl Redis {
 /// The `[fleet]` keys that share pins through `url`.
 fn pins_toml(fleet: &str, url: &str) -> String {
     format!("{fleet}\n\n[fleet.pins]\nstore = \"redis\"\nurl = \"{url}\"\n")
-}
-
-fn ready_names(gw: &Running) -> BTreeSet<String> {
-    gw.gateway
-        .fleet
-        .catalog()
-        .get("accumulate")
-        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
-        .unwrap_or_default()
 }
 
 fn store_errors(gw: &Running) -> u64 {

@@ -183,6 +183,27 @@ impl Router {
                 };
             }
         }
+        if opts.sequence_start {
+            // A start of an id this replica pins restarts that sequence where it lives, as
+            // the shared store has it run: the server ends the old one there, and replicas
+            // that pinned it too keep reaching the new one. Sent by the hash instead, it left
+            // the old state live on its server, and another replica's pin sent the id's next
+            // request to it: a 200 with the old sum. The pin stands if the start is refused.
+            if let Some(pinned) = self.pins.get(model, id) {
+                let usable = entry
+                    .ready
+                    .iter()
+                    .find(|h| h.key() == &*pinned && !h.is_ejected() && Some(h.key()) != exclude);
+                if let Some(h) = usable {
+                    return Ok(Route {
+                        backend: h.clone(),
+                        fallbacks: Vec::new(),
+                        pinned_now: false,
+                        followed_pin: false,
+                    });
+                }
+            }
+        }
         // A start, or a sequence this replica has not seen: the consistent hash decides,
         // as it does on every replica.
         let key = sequence_key(model, id);
@@ -422,6 +443,48 @@ mod tests {
         }
         router.ended("m", &end);
         assert_eq!(router.pins.get("m", &id), None);
+    }
+
+    /// A start of a pinned id runs where the pin says, not where the hash would put a new
+    /// sequence: the old one is restarted there, not left live beside the new one. Elsewhere
+    /// only when the pinned backend is the one that just failed.
+    #[test]
+    fn a_start_of_a_pinned_id_restarts_it_where_it_lives() {
+        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
+        let table = SequenceTable::new(&[("http://a", 1), ("http://b", 1)], 1024);
+        let choices = || Choices {
+            ready: &backends,
+            table: &table,
+            history: &[],
+        };
+        let router = Router::new(100, Duration::from_secs(300));
+        let id = SequenceId::Uint(11);
+        let owner = router
+            .route(choices(), "m", &options(11, true), None)
+            .unwrap()
+            .backend;
+        let elsewhere = if owner.key == "http://a" {
+            &backends[1]
+        } else {
+            &backends[0]
+        };
+        router.pins.insert("m", &id, &elsewhere.key);
+        let start = router
+            .route(choices(), "m", &options(11, true), None)
+            .unwrap();
+        assert_eq!(start.backend.key, elsewhere.key);
+        assert!(
+            !start.pinned_now,
+            "a refused start leaves the live sequence's pin"
+        );
+        let retried = router
+            .route(choices(), "m", &options(11, true), Some(&elsewhere.key))
+            .unwrap();
+        assert_eq!(retried.backend.key, owner.key);
+        assert_eq!(
+            router.pins.get("m", &id).as_deref(),
+            Some(owner.key.as_str())
+        );
     }
 
     #[test]

@@ -806,3 +806,13 @@ pub async fn scrape(gw: &tensorgate::run::Running) -> String {
     .await
     .unwrap()
 }
+
+/// The names of the backends the gateway's catalog has ready for `accumulate`.
+pub fn ready_names(gw: &tensorgate::run::Running) -> std::collections::BTreeSet<String> {
+    gw.gateway
+        .fleet
+        .catalog()
+        .get("accumulate")
+        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+        .unwrap_or_default()
+}
