@@ -412,37 +412,51 @@ mod tests {
         );
     }
 
+    /// Two backends, a router, and sequence `id` pinned to the backend its hash does not
+    /// choose (where a sequence lives after a fleet change moved its hash): the backends,
+    /// their table, the router, the hash's owner and the pinned one.
+    fn pinned_off_hash(id: u64) -> (Vec<Arc<Backend>>, SequenceTable, Router, String, String) {
+        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
+        let table = SequenceTable::new(&[("http://a", 1), ("http://b", 1)], 1024);
+        let router = Router::new(100, Duration::from_secs(300));
+        let choices = Choices {
+            ready: &backends,
+            table: &table,
+            history: &[],
+        };
+        let owner = router
+            .route(choices, "m", &options(id, true), None)
+            .unwrap()
+            .backend
+            .key
+            .clone();
+        let elsewhere = if owner == "http://a" {
+            "http://b"
+        } else {
+            "http://a"
+        };
+        router.pins.insert("m", &SequenceId::Uint(id), elsewhere);
+        (backends, table, router, owner, elsewhere.to_string())
+    }
+
     /// The last request of a sequence goes where the pin says and leaves the pin in place
     /// until it is served: a client that retries a failed end reaches the same backend.
     #[test]
     fn an_end_keeps_its_pin_until_it_is_served() {
-        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
-        let table = SequenceTable::new(&[("http://a", 1), ("http://b", 1)], 1024);
+        let (backends, table, router, _, elsewhere) = pinned_off_hash(9);
         let choices = || Choices {
             ready: &backends,
             table: &table,
             history: &[],
         };
-        let router = Router::new(100, Duration::from_secs(300));
-        let id = SequenceId::Uint(9);
-        let owner = router
-            .route(choices(), "m", &options(9, true), None)
-            .unwrap();
-        // Whatever the hash says, the sequence lives on the other backend now.
-        let elsewhere = if owner.backend.key == "http://a" {
-            &backends[1]
-        } else {
-            &backends[0]
-        };
-        router.pins.insert("m", &id, &elsewhere.key);
         let mut end = options(9, false);
         end.sequence_end = true;
         for _ in 0..2 {
             let r = router.route(choices(), "m", &end, None).unwrap();
-            assert_eq!(r.backend.key, elsewhere.key, "the end and its retry");
+            assert_eq!(r.backend.key, elsewhere, "the end and its retry");
         }
         router.ended("m", &end);
-        assert_eq!(router.pins.get("m", &id), None);
+        assert_eq!(router.pins.get("m", &SequenceId::Uint(9)), None);
     }
 
     /// A start of a pinned id runs where the pin says, not where the hash would put a new
@@ -450,40 +464,27 @@ mod tests {
     /// only when the pinned backend is the one that just failed.
     #[test]
     fn a_start_of_a_pinned_id_restarts_it_where_it_lives() {
-        let backends = handles(&[("http://a", 1), ("http://b", 1)]);
-        let table = SequenceTable::new(&[("http://a", 1), ("http://b", 1)], 1024);
+        let (backends, table, router, owner, elsewhere) = pinned_off_hash(11);
         let choices = || Choices {
             ready: &backends,
             table: &table,
             history: &[],
         };
-        let router = Router::new(100, Duration::from_secs(300));
-        let id = SequenceId::Uint(11);
-        let owner = router
-            .route(choices(), "m", &options(11, true), None)
-            .unwrap()
-            .backend;
-        let elsewhere = if owner.key == "http://a" {
-            &backends[1]
-        } else {
-            &backends[0]
-        };
-        router.pins.insert("m", &id, &elsewhere.key);
         let start = router
             .route(choices(), "m", &options(11, true), None)
             .unwrap();
-        assert_eq!(start.backend.key, elsewhere.key);
+        assert_eq!(start.backend.key, elsewhere);
         assert!(
             !start.pinned_now,
             "a refused start leaves the live sequence's pin"
         );
         let retried = router
-            .route(choices(), "m", &options(11, true), Some(&elsewhere.key))
+            .route(choices(), "m", &options(11, true), Some(&elsewhere))
             .unwrap();
-        assert_eq!(retried.backend.key, owner.key);
+        assert_eq!(retried.backend.key, owner);
         assert_eq!(
-            router.pins.get("m", &id).as_deref(),
-            Some(owner.key.as_str())
+            router.pins.get("m", &SequenceId::Uint(11)).as_deref(),
+            Some(owner.as_str())
         );
     }
 
