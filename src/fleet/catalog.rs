@@ -360,6 +360,12 @@ mod tests {
             .unwrap()
             .fallbacks
             .is_empty());
+        // Unpinned until a backend serves it: concurrent requests still fall back.
+        let again = router
+            .route(new.choices(), "m", &options(moved, false), None)
+            .unwrap();
+        assert!(again.pin_when_served() && !again.pinned_now);
+        router.pin("m", &options(moved, false), again.fallbacks[0].as_ref());
         assert!(router
             .route(new.choices(), "m", &options(moved, false), None)
             .unwrap()

@@ -131,6 +131,14 @@ pub struct Route<C> {
     pub followed_pin: bool,
 }
 
+impl<C> Route<C> {
+    /// The route's backend is to be pinned if it serves the request: a sequence routed by
+    /// the hash with past owners to fall back on, which `route` left unpinned.
+    pub fn pin_when_served(&self) -> bool {
+        !self.fallbacks.is_empty()
+    }
+}
+
 pub struct Router {
     pub pins: std::sync::Arc<PinTable>,
 }
@@ -231,11 +239,18 @@ impl Router {
         } else {
             past_owners(&entry, key, chosen.key())
         };
-        self.pin(model, opts, chosen.as_ref());
+        // With past owners to try, which backend holds the sequence is known only once one
+        // accepts the request: it is pinned then (`pin_when_served`). Pinned now, the guess
+        // sent the sequence's concurrent requests to the hash owner as to a fact, and its
+        // refusal read as a lost sequence (503) while the state lived on a past owner.
+        let pin_now = fallbacks.is_empty();
+        if pin_now {
+            self.pin(model, opts, chosen.as_ref());
+        }
         Ok(Route {
             backend: chosen,
             fallbacks,
-            pinned_now: !opts.sequence_end,
+            pinned_now: pin_now && !opts.sequence_end,
             followed_pin: false,
         })
     }

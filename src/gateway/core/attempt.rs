@@ -139,6 +139,7 @@ impl Attempt<'_> {
                     .as_ref()
                     .is_some_and(|c| !c.created && c.holder == backend.key);
             let pinned_now = route.pinned_now;
+            let pin_when_served = route.pin_when_served();
             let outcome = match self.on(&backend, &labels, obs).await {
                 Err(f) if f.rejected && !route.fallbacks.is_empty() => {
                     self.fall_back(route, f, &labels, obs).await
@@ -147,6 +148,9 @@ impl Attempt<'_> {
             };
             let failure = match outcome {
                 Ok((outcome, moved_to)) => {
+                    if pin_when_served && moved_to.is_none() {
+                        gw.router.pin(model, options, backend.as_ref());
+                    }
                     gw.router.ended(model, options);
                     if let Some(store) = store {
                         let moved = moved_to.is_some();
