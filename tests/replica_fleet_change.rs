@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use common_fleet::*;
 use tensorgate::protocol::SequenceId;
 use tensorgate::routing::sequence_key;
+use tensorgate::run::Running;
 
 const SEQ_MODELS: &[&str] = &["simple", "accumulate"];
 
@@ -115,18 +116,39 @@ async fn live_sequences_survive_a_join_across_three_replicas() {
     }
 }
 
+const JOIN_FLEET: &str = "refresh_interval_ms = 200";
+
+/// Three workers and two replicas that know the first two.
+async fn two_replicas_of_two_workers() -> (Vec<Worker>, Running, Running) {
+    let workers = Worker::start_many(3, SEQ_MODELS).await;
+    let first2: Vec<&Worker> = workers[..2].iter().collect();
+    let g1 = start_gateway(gateway_config(&first2, JOIN_FLEET)).await;
+    let g2 = start_gateway(gateway_config(&first2, JOIN_FLEET)).await;
+    (workers, g1, g2)
+}
+
+/// The third worker joins both replicas, and both have it ready.
+async fn third_joins(workers: &[Worker], replicas: [&Running; 2]) {
+    let all3: Vec<&Worker> = workers.iter().collect();
+    for gw in replicas {
+        gw.reload(gateway_config(&all3, JOIN_FLEET))
+            .await
+            .expect("the reload applies");
+        let seen = eventually(100, std::time::Duration::from_millis(100), || async {
+            ready_names(gw).contains(&workers[2].name)
+        })
+        .await;
+        assert!(seen, "the new worker is ready");
+    }
+}
+
 /// A start of a live id through one replica restarts the sequence where it lives, even after
 /// a join moved the id's hash elsewhere: another replica that pins the id keeps reaching the
 /// new sequence, not the old one's state (a tester saw 6 of 40 ids answer 101 there, where 2
 /// was right, when the start went to the new hash owner and left the old state live).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restart_after_a_join_is_seen_by_every_replica() {
-    let workers = Worker::start_many(3, SEQ_MODELS).await;
-    let first2: Vec<&Worker> = workers[..2].iter().collect();
-    let all3: Vec<&Worker> = workers.iter().collect();
-    let fleet = "refresh_interval_ms = 200";
-    let g1 = start_gateway(gateway_config(&first2, fleet)).await;
-    let g2 = start_gateway(gateway_config(&first2, fleet)).await;
+    let (workers, g1, g2) = two_replicas_of_two_workers().await;
     let (b1, b2) = (base(&g1), base(&g2));
     let client = http_client();
     let ids = 1..=40u64;
@@ -136,19 +158,8 @@ async fn a_restart_after_a_join_is_seen_by_every_replica() {
         let r = accumulate(&client, &b2, id, false, false, 1).await;
         assert_eq!(r.output_int("OUTPUT0"), Some(101), "{id}: {r:?}");
     }
-    for gw in [&g1, &g2] {
-        gw.reload(gateway_config(&all3, fleet))
-            .await
-            .expect("the reload applies");
-    }
+    third_joins(&workers, [&g1, &g2]).await;
     let new_worker = &workers[2].name;
-    for gw in [&g1, &g2] {
-        let seen = eventually(100, std::time::Duration::from_millis(100), || async {
-            ready_names(gw).contains(new_worker)
-        })
-        .await;
-        assert!(seen, "the new worker is ready");
-    }
     let mut moved_by_hash = 0;
     for id in ids {
         let r = accumulate(&client, &b1, id, true, false, 1).await;
@@ -175,28 +186,14 @@ async fn a_restart_after_a_join_is_seen_by_every_replica() {
 /// up to 4 of 8 such requests fail).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_requests_of_a_moved_sequence_all_find_it() {
-    let workers = Worker::start_many(3, SEQ_MODELS).await;
-    let first2: Vec<&Worker> = workers[..2].iter().collect();
-    let all3: Vec<&Worker> = workers.iter().collect();
-    let fleet = "refresh_interval_ms = 200";
-    let g1 = start_gateway(gateway_config(&first2, fleet)).await;
-    let g2 = start_gateway(gateway_config(&first2, fleet)).await;
+    let (workers, g1, g2) = two_replicas_of_two_workers().await;
     let client = http_client();
     let ids = 1..=30u64;
     for id in ids.clone() {
         let r = accumulate(&client, &base(&g1), id, true, false, 100).await;
         assert_eq!(r.output_int("OUTPUT0"), Some(100), "{id}: {r:?}");
     }
-    for gw in [&g1, &g2] {
-        gw.reload(gateway_config(&all3, fleet))
-            .await
-            .expect("the reload applies");
-        let seen = eventually(100, std::time::Duration::from_millis(100), || async {
-            ready_names(gw).contains(&workers[2].name)
-        })
-        .await;
-        assert!(seen, "the new worker is ready");
-    }
+    third_joins(&workers, [&g1, &g2]).await;
     // g2 never saw these sequences: 8 requests of each at once.
     let b2 = base(&g2);
     for id in ids {
