@@ -350,7 +350,8 @@ pub struct FleetConfig {
     /// must use the same size, and changing it re-maps sequences that have no pin.
     #[serde(deserialize_with = "table_size")]
     pub hash_table_size: usize,
-    /// A sequence's pin is dropped after this long without requests.
+    /// A sequence's pin is dropped after this long without requests; at least as long as
+    /// the backends keep an idle sequence's state, or a fleet change strands it.
     pub sequence_idle_timeout_ms: u64,
     /// Most live sequence pins; beyond it, new sequences are routed by hash alone.
     pub max_sequences: usize,
