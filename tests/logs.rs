@@ -303,13 +303,7 @@ async fn a_request_cut_off_by_the_shutdown_is_logged_as_such() {
         answer.text().await.unwrap(),
         r#"{"error":"the gateway shut down before the answer (limits.drain_timeout_ms passed)"}"#
     );
-    let line: serde_json::Value = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v["target"] == "tensorgate::access" && v["fields"]["path"] == "/v2/models/m/infer"
-        })
-        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let line: serde_json::Value = access_line(&text, "/v2/models/m/infer");
     let f = &line["fields"];
     assert_eq!(
         (&f["status"], &f["model"], &f["backend"], &f["error"]),
@@ -369,25 +363,11 @@ async fn a_layers_refusal_is_logged_with_its_message() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     let text = gw.stop();
-    let refused = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v["target"] == "tensorgate::access"
-                && v["fields"]["path"] == "/inference.GRPCInferenceService/ModelMetadata"
-        })
-        .unwrap_or_else(|| panic!("no gRPC access line in {text}"));
+    let refused = access_line(&text, "/inference.GRPCInferenceService/ModelMetadata");
     let peer = refused["fields"]["peer"].as_str().unwrap_or_default();
     assert!(peer.starts_with("127.0.0.1:"), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
-    let line = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v["target"] == "tensorgate::access"
-                && v["fields"]["path"] == "/v2/models/accumulate/infer"
-        })
-        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let line = access_line(&text, "/v2/models/accumulate/infer");
     let f = &line["fields"];
     assert_eq!(
         (&f["status"], &f["model"], &f["error"]),
@@ -495,4 +475,12 @@ async fn a_refused_inference_names_its_model_in_the_access_line() {
         ],
         "{text}"
     );
+}
+
+/// The JSON access line of `path` in a gateway's log `text`.
+fn access_line(text: &str, path: &str) -> serde_json::Value {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["target"] == "tensorgate::access" && v["fields"]["path"] == path)
+        .unwrap_or_else(|| panic!("no access line for {path} in {text}"))
 }

@@ -96,47 +96,29 @@ mod tests {
     fn urls_are_checked_and_passwords_hidden() {
         assert_eq!(check_url("redis://127.0.0.1:6379/0"), Ok(()));
         assert_eq!(check_url("rediss://:secret@redis.example:6380"), Ok(()));
-        assert_eq!(
-            check_url("http://127.0.0.1:6379"),
-            Err("'http://127.0.0.1:6379' is not a redis:// or rediss:// URL".into())
-        );
-        assert_eq!(
-            check_url("redis://:secret@127.0.0.1:6379/x"),
-            Err("'redis://:***@127.0.0.1:6379/x': the path must be a database number, as in redis://host:6379/0; '/x' is not a number".into())
-        );
-        assert_eq!(
-            check_url("redis://h:6379/99999999999"),
-            Err("'redis://h:6379/99999999999': the path must be a database number, as in redis://host:6379/0; '/99999999999' is out of range".into())
-        );
-        assert_eq!(
-            check_url("redis://:6379/0"),
-            Err("'redis://:6379/0' is not a valid URL: empty host".into())
-        );
-        assert_eq!(
-            check_url("redis://x:99999/0"),
-            Err("'redis://x:99999/0' is not a valid URL: invalid port number".into())
-        );
-        assert_eq!(
-            redact("redis://user:secret@h:1/2"),
-            "redis://user:***@h:1/2"
-        );
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("http://:pw@h:1"), "http://:***@h:1");
-        assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
-        assert_eq!(redact("not a url"), "not a url");
-        assert_eq!(redact("redis://h:1/0?password=pw"), "redis://h:1/0?***");
-        assert_eq!(
-            redact("redis://:a?b@h:1/0?password=pw"),
-            "redis://:***@h:1/0?***"
-        );
-        assert_eq!(
-            check_url("redis://127.0.0.1:6379/0?password=pw"),
-            Err("'redis://127.0.0.1:6379/0?***' must not have a query or fragment: a password goes before the host, as in redis://:PASSWORD@host:6379/0".into())
-        );
-        assert_eq!(
-            check_url("redis://127.0.0.1:0/0"),
-            Err("'redis://127.0.0.1:0/0' has port 0: a port is 1 to 65535".into())
-        );
+        let db = "the path must be a database number, as in redis://host:6379/0";
+        for (url, error) in [
+            ("http://127.0.0.1:6379", "'http://127.0.0.1:6379' is not a redis:// or rediss:// URL".to_string()),
+            ("redis://:secret@127.0.0.1:6379/x", format!("'redis://:***@127.0.0.1:6379/x': {db}; '/x' is not a number")),
+            ("redis://h:6379/99999999999", format!("'redis://h:6379/99999999999': {db}; '/99999999999' is out of range")),
+            ("redis://:6379/0", "'redis://:6379/0' is not a valid URL: empty host".into()),
+            ("redis://x:99999/0", "'redis://x:99999/0' is not a valid URL: invalid port number".into()),
+            ("redis://127.0.0.1:6379/0?password=pw", "'redis://127.0.0.1:6379/0?***' must not have a query or fragment: a password goes before the host, as in redis://:PASSWORD@host:6379/0".into()),
+            ("redis://127.0.0.1:0/0", "'redis://127.0.0.1:0/0' has port 0: a port is 1 to 65535".into()),
+        ] {
+            assert_eq!(check_url(url), Err(error), "{url}");
+        }
+        for (url, shown) in [
+            ("redis://user:secret@h:1/2", "redis://user:***@h:1/2"),
+            ("redis://h:1", "redis://h:1"),
+            ("http://:pw@h:1", "http://:***@h:1"),
+            ("redis://user@h:1", "redis://user@h:1"),
+            ("not a url", "not a url"),
+            ("redis://h:1/0?password=pw", "redis://h:1/0?***"),
+            ("redis://:a?b@h:1/0?password=pw", "redis://:***@h:1/0?***"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
         // Passwords that were not percent-encoded hide nothing of themselves.
         for password in ["se?cret", "se/cret", "se#cret", "se@cret", "a/b?c#d@e"] {
             let url = format!("redis://:{password}@h:1/0");

@@ -667,9 +667,8 @@ fn backend_error(backend: &BackendHandle, e: BackendError) -> GatewayError {
     }
 }
 
-/// A backend's 4xx is the client's error and goes back as it came, but for a 404: the
-/// gateway found the model, so the backend that lacks it is out of date, not the client
-/// wrong (503, naming the backend); and a 413 (502, naming it). A 5xx is the backend's fault and says which backend.
+/// A backend's 4xx is the client's error and goes back as it came, but for a 404 (503) and
+/// a 413 (502), which name the backend. A 5xx is the backend's fault and says which backend.
 /// `model_failed`: a tensorgate worker marked the 5xx as a model's failure on the request.
 fn backend_status_error(
     backend: &BackendHandle,
@@ -679,25 +678,25 @@ fn backend_status_error(
     model_failed: bool,
 ) -> GatewayError {
     let message = error_message(body);
-    if status == StatusCode::NOT_FOUND {
+    // Not the client's error though a 4xx: the gateway found the model, so a backend that
+    // lacks it is out of date; and the request passed the gateway's own size limits, so a
+    // backend that refuses what the gateway sent (transcoded to JSON for a backend that takes
+    // nothing else, say) as too large has a lower limit than the deployment needs.
+    let not_the_clients = match status {
+        StatusCode::NOT_FOUND => Some((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no longer serves model '{model}' (it answered 404: {message}); the gateway learns it at the next refresh"),
+        )),
+        StatusCode::PAYLOAD_TOO_LARGE => Some((
+            StatusCode::BAD_GATEWAY,
+            format!("refused the request as the gateway sent it as too large (413: {message}); its limit is below the gateway's"),
+        )),
+        _ => None,
+    };
+    if let Some((status, why)) = not_the_clients {
         return GatewayError::Backend {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "backend '{}' no longer serves model '{model}' (it answered 404: {message}); the gateway learns it at the next refresh",
-                backend.name
-            ),
-        };
-    }
-    // The request passed the gateway's own size limits, and what the backend received is
-    // what the gateway sent (transcoded to JSON for a backend that takes nothing else, say):
-    // a backend whose limit is lower is the deployment's fault, not the client's.
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return GatewayError::Backend {
-            status: StatusCode::BAD_GATEWAY,
-            message: format!(
-                "backend '{}' refused the request as the gateway sent it as too large (413: {message}); its limit is below the gateway's",
-                backend.name
-            ),
+            status,
+            message: format!("backend '{}' {why}", backend.name),
         };
     }
     if status.is_client_error() {
