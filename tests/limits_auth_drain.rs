@@ -107,6 +107,25 @@ async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
         .await
         .unwrap();
     assert_eq!(served.status(), 200, "the silent request took no permit");
+    // The hung backend's model must be known before a request for it can hold the permit
+    // (on a loaded machine its discovery can trail the gateway's start).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = client
+            .get(format!("http://{addr}/v2/models/m/ready"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "model m never became ready: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Hold the one permit with a request the hung backend never answers.
     let held = {
         let client = client.clone();
@@ -135,6 +154,12 @@ async fn load_is_shed_beyond_the_concurrency_limit_and_slow_bodies_time_out() {
             shed = Some(r);
             break;
         }
+        // If the held request ended, the window is gone: say how it ended.
+        assert!(
+            !held.is_finished(),
+            "the held request ended early: {:?}",
+            held.await
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = shed.expect("a second request is shed while the first holds the only permit");
