@@ -26,6 +26,7 @@ use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
+use crate::gateway::inflate::{Coding, InflateError};
 use crate::gateway::Gateway;
 use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
 
@@ -62,61 +63,28 @@ pub(super) fn handles<B>(req: &Request<B>) -> bool {
     req.uri().path() == INFER_PATH && encoding(req).is_some()
 }
 
-/// Compressed messages at least this large are inflated on the blocking pool, so that a
-/// large one does not hold up the requests that share this thread.
-const INFLATE_INLINE_UP_TO: usize = 64 << 10;
-
-/// The message as it was before compression, at most `max` bytes of it (a small message
-/// that inflates beyond that is refused as it inflates, without holding what it would
-/// become), counted in `held` as it inflates.
+/// The message as it was before compression, at most `max` bytes of it, counted in `held`
+/// as it inflates (`crate::gateway::inflate` says where and how).
 async fn inflate(
     bytes: Bytes,
     encoding: Encoding,
     max: usize,
     held: &mut Reservation,
 ) -> Result<Bytes, GatewayError> {
-    let inline = encoding == Encoding::Identity || bytes.len() < INFLATE_INLINE_UP_TO;
-    let run = move |held: &mut Reservation| {
-        use std::io::Read;
-        let limit = max as u64 + 1;
-        let mut reader: Box<dyn Read> = match encoding {
-            Encoding::Gzip => Box::new(flate2::read::GzDecoder::new(&bytes[..]).take(limit)),
-            Encoding::Deflate => Box::new(flate2::read::ZlibDecoder::new(&bytes[..]).take(limit)),
-            Encoding::Identity => return Ok(bytes),
-        };
-        let mut out = Vec::new();
-        let mut chunk = vec![0u8; 64 << 10];
-        loop {
-            let n = reader.read(&mut chunk).map_err(|e| {
-                not_valid(&format!("Error decompressing: {e}, while sending request"))
-            })?;
-            if n == 0 {
-                break;
-            }
-            if out.len() + n > max {
-                return Err(GatewayError::PayloadTooLarge(message_too_large(max, true)));
-            }
-            // The compressed message is still here while it inflates.
-            held.hold(bytes.len() + out.len() + n)?;
-            out.extend_from_slice(&chunk[..n]);
-        }
-        drop(reader);
-        let inflated = Bytes::from(out);
-        held.hold(inflated.len())?;
-        Ok(inflated)
+    let coding = match encoding {
+        Encoding::Identity => return Ok(bytes),
+        Encoding::Gzip => Coding::Gzip,
+        Encoding::Deflate => Coding::Deflate,
     };
-    if inline {
-        run(held)
-    } else {
-        let mut moved = std::mem::take(held);
-        let (inflated, back) = tokio::task::spawn_blocking(move || (run(&mut moved), moved))
-            .await
-            .map_err(|e| {
-                GatewayError::Internal(format!("inflating the request message failed: {e}"))
-            })?;
-        *held = back;
-        inflated
-    }
+    crate::gateway::inflate::inflate(bytes, coding, max, held)
+        .await
+        .map_err(|e| match e {
+            InflateError::Invalid(why) => not_valid(&format!(
+                "Error decompressing: {why}, while sending request"
+            )),
+            InflateError::TooLarge => GatewayError::PayloadTooLarge(message_too_large(max, true)),
+            InflateError::Refused(e) => e,
+        })
 }
 
 /// The whole call: read, infer, answer. `max`: `limits.max_body_bytes`.
@@ -523,13 +491,13 @@ mod tests {
         }
     }
 
-    /// A compressed message past 64 KiB is inflated on the blocking pool, to the same bytes.
+    /// A message that inflates past what is inflated inline finishes on the blocking pool,
+    /// to the same bytes.
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_compressed_message_inflates_off_the_runtime_thread() {
         let mut rng = fastrand::Rng::with_seed(7);
-        let message: Vec<u8> = (0..200_000).map(|_| rng.u8(..)).collect();
+        let message: Vec<u8> = (0..1_000_000).map(|_| rng.u8(..)).collect();
         let wire = compress(Encoding::Gzip, &message);
-        assert!(wire.len() >= INFLATE_INLINE_UP_TO);
         let inflated = inflate(wire, Encoding::Gzip, 1 << 20, &mut Reservation::default())
             .await
             .unwrap();

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use crate::body::{error_response, Body, BoxError};
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
+use crate::gateway::inflate::{inflate, Coding, InflateError};
 use crate::gateway::layers::{AuthLayer, Policy, ShedLayer};
 use crate::gateway::{observe, Gateway, Raised, BACKEND_HEADER};
 use routes::{Route, RouteError};
@@ -375,11 +376,55 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    check_content_encoding(&req)?;
+    let coding = content_coding(&req)?;
     let header_length = infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
     let (parts, body) = req.into_parts();
-    let body = read_in_time(config, body, config.limits.max_body_bytes, held).await?;
+    let max_body = config.limits.max_body_bytes;
+    let body = read_in_time(config, body, max_body, held).await?;
+    let Some(coding) = coding else {
+        return Ok((parts, body, header_length));
+    };
+    // A body without the binary extension is all JSON: it may inflate to no more than the
+    // JSON limit, which is checked as it inflates, not after.
+    let max_json = config.limits.max_json_bytes;
+    let (max, limit) = match header_length {
+        None if max_json < max_body => (max_json, "limits.max_json_bytes"),
+        _ => (max_body, "limits.max_body_bytes"),
+    };
+    let body = inflated(body, coding, max, held)
+        .await
+        .map_err(|e| match e {
+            Inflated::TooLarge => GatewayError::PayloadTooLarge(format!(
+                "the request body inflates to more than {max} bytes ({limit})"
+            )),
+            Inflated::Other(e) => e,
+        })?;
     Ok((parts, body, header_length))
+}
+
+/// Why a compressed body did not inflate.
+enum Inflated {
+    /// Past the limit the caller gave, which words it.
+    TooLarge,
+    Other(GatewayError),
+}
+
+async fn inflated(
+    compressed: Bytes,
+    coding: Coding,
+    max: usize,
+    held: &mut Reservation,
+) -> Result<Bytes, Inflated> {
+    inflate(compressed, coding, max, held)
+        .await
+        .map_err(|e| match e {
+            InflateError::Invalid(why) => Inflated::Other(GatewayError::BadRequest(format!(
+                "cannot read the request body: it is not valid {} (Content-Encoding): {why}",
+                coding.name()
+            ))),
+            InflateError::TooLarge => Inflated::TooLarge,
+            InflateError::Refused(e) => Inflated::Other(e),
+        })
 }
 
 /// Marks the one kind of answer the server compresses for a client that accepts it: a
@@ -424,17 +469,29 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    check_content_encoding(&req)?;
+    let coding = content_coding(&req)?;
     let mut held = gw.bodies.reserve();
+    let too_large = || {
+        GatewayError::PayloadTooLarge(format!(
+            "a repository request's body is limited to {} KiB",
+            CONTROL_BODY_LIMIT >> 10
+        ))
+    };
     let bytes = read_in_time(&gw.config(), req.into_body(), CONTROL_BODY_LIMIT, &mut held)
         .await
         .map_err(|e| match e {
-            GatewayError::PayloadTooLarge(_) => GatewayError::PayloadTooLarge(format!(
-                "a repository request's body is limited to {} KiB",
-                CONTROL_BODY_LIMIT >> 10
-            )),
+            GatewayError::PayloadTooLarge(_) => too_large(),
             other => other,
         })?;
+    let bytes = match coding {
+        None => bytes,
+        Some(coding) => inflated(bytes, coding, CONTROL_BODY_LIMIT, &mut held)
+            .await
+            .map_err(|e| match e {
+                Inflated::TooLarge => too_large(),
+                Inflated::Other(e) => e,
+            })?,
+    };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -456,22 +513,33 @@ fn allowed_method(message: &str) -> Option<http::HeaderValue> {
         .and_then(|m| http::HeaderValue::from_str(m).ok())
 }
 
-/// gzip and deflate bodies were decoded by the decompression layer, which removes the header;
-/// anything still marked as encoded is a coding we cannot decode. Triton answers 501 here; we
+/// The coding a body came in: gzip or deflate, inflated once it is all here
+/// (`crate::gateway::inflate`), or none. `CanonicalCoding` has written those in the form
+/// matched here; anything else is a coding we cannot decode. Triton answers 501 here; we
 /// answer 415 (RFC 9110 15.5.16 allows it for an unsupported content coding), because the
 /// client chose the coding and a client's error is never a 5xx.
-fn check_content_encoding<B>(req: &Request<B>) -> Result<(), GatewayError> {
-    match req.headers().get(header::CONTENT_ENCODING) {
-        None => Ok(()),
-        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => Ok(()),
-        Some(v) => Err(GatewayError::UnsupportedEncoding(format!(
-            "unsupported Content-Encoding '{}'; supported: gzip, deflate, identity",
-            String::from_utf8_lossy(v.as_bytes())
-        ))),
+fn content_coding<B>(req: &Request<B>) -> Result<Option<Coding>, GatewayError> {
+    let mut values = req.headers().get_all(header::CONTENT_ENCODING).iter();
+    match (values.next().map(|v| v.as_bytes()), values.next()) {
+        (None, _) => Ok(None),
+        (Some(b"gzip"), None) => Ok(Some(Coding::Gzip)),
+        (Some(b"deflate"), None) => Ok(Some(Coding::Deflate)),
+        _ => {
+            let sent: Vec<_> = req
+                .headers()
+                .get_all(header::CONTENT_ENCODING)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .collect();
+            Err(GatewayError::UnsupportedEncoding(format!(
+                "unsupported Content-Encoding '{}'; supported: gzip, deflate, identity",
+                sent.join(", ")
+            )))
+        }
     }
 }
 
-/// Reads a whole request body, refusing more than `max` bytes (after decompression), and
+/// Reads a whole request body as it came, refusing more than `max` bytes, and
 /// more than `held` can hold of the gateway's budget for bodies.
 async fn read_body<B>(body: B, max: usize, held: &mut Reservation) -> Result<Bytes, GatewayError>
 where

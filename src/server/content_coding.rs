@@ -1,8 +1,7 @@
 //! Content codings as RFC 9110 writes them: case-insensitive (section 8.4.1), and `x-gzip`
-//! is gzip (section 8.4.1.3). tower-http's request decompression matches the header's bytes
-//! exactly (`gzip`, `deflate`), so this layer, just outside it, writes the header in the
-//! form it matches; a request sent with `Content-Encoding: GZIP` or `x-gzip` was refused
-//! with 415 while `Accept-Encoding` was already read case-insensitively.
+//! is gzip (section 8.4.1.3). This layer writes one gzip or deflate coding in the one form
+//! the REST edge matches (`rest::content_coding`), so that a request sent with
+//! `Content-Encoding: GZIP` or `x-gzip` is inflated like one sent with `gzip`.
 
 use std::task::{Context, Poll};
 

@@ -24,7 +24,6 @@ use tower_http::add_extension::AddExtension;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::predicate::{And, DefaultPredicate, Predicate};
 use tower_http::compression::CompressionLayer;
-use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::request_id::{PropagateRequestId, PropagateRequestIdLayer};
 
 use crate::body::{error_response, full, Body, BoxError};
@@ -373,7 +372,7 @@ where
     }
 }
 
-/// The v2 REST service: panics become 500s, bodies are (de)compressed, then the gateway.
+/// The v2 REST service: panics become 500s, answers are compressed, then the gateway.
 pub fn gateway_service(
     gw: Arc<Gateway>,
 ) -> impl tower::Service<
@@ -397,7 +396,7 @@ type PanicHandler = fn(Box<dyn std::any::Any + Send + 'static>) -> Response<Body
 pub type Layered<S> = tower_http::catch_panic::CatchPanic<
     PropagateRequestId<
         tower_http::compression::Compression<
-            CanonicalCoding<tower_http::decompression::RequestDecompression<S>>,
+            CanonicalCoding<S>,
             And<DefaultPredicate, InferAnswers>,
         >,
     >,
@@ -426,7 +425,6 @@ pub fn with_layers<S>(inner: S) -> Layered<S> {
         .layer(PropagateRequestIdLayer::new(crate::headers::REQUEST_ID))
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(InferAnswers)))
         .layer(tower::layer::layer_fn(CanonicalCoding))
-        .layer(RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .service(inner)
 }
 
@@ -479,22 +477,18 @@ mod tests {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let inner = {
             let calls = calls.clone();
-            tower::service_fn(
-                move |req: Request<
-                    tower_http::decompression::DecompressionBody<http_body_util::Empty<Bytes>>,
-                >| {
-                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    async move {
-                        if req.uri().path() == "/boom" {
-                            panic!("a bug in one request's handling (call {n})");
-                        }
-                        Ok::<_, Infallible>(crate::body::json_response(
-                            StatusCode::OK,
-                            &serde_json::json!({"ok": true}),
-                        ))
+            tower::service_fn(move |req: Request<http_body_util::Empty<Bytes>>| {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    if req.uri().path() == "/boom" {
+                        panic!("a bug in one request's handling (call {n})");
                     }
-                },
-            )
+                    Ok::<_, Infallible>(crate::body::json_response(
+                        StatusCode::OK,
+                        &serde_json::json!({"ok": true}),
+                    ))
+                }
+            })
         };
         let mut svc = with_layers(inner);
         let req = |p: &str| {

@@ -526,6 +526,23 @@ pub fn simple_request(a: &[i32], b: &[i32]) -> Value {
     })
 }
 
+/// A body compressed as HTTP's `deflate` coding: zlib format (RFC 1950).
+pub fn deflate(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).expect("deflate to memory");
+    e.finish().expect("deflate to memory")
+}
+
+pub fn inflate(data: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::ZlibDecoder::new(data)
+        .read_to_end(&mut out)
+        .expect("valid deflate (zlib) data");
+    out
+}
+
 /// A body compressed with gzip.
 pub fn gzip(data: &[u8]) -> Vec<u8> {
     use std::io::Write;
