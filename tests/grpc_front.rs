@@ -944,8 +944,10 @@ async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
-    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(800))).await;
-    let extra = "[limits]\nshutdown_delay_ms = 400\n";
+    // Margins for a loaded machine: the RPCs are in flight well before the shutdown, and
+    // the new connection has two seconds of shutdown_delay_ms to be taken in.
+    let slow = ScriptedBackend::start(OnInfer::Delay(Duration::from_millis(3000))).await;
+    let extra = "[limits]\nshutdown_delay_ms = 2000\n";
     let (gw, c) = start(config(&[("slow", slow.url.as_str())], extra)).await;
     wait_for_m(&gw).await;
     let grpc_addr = gw.grpc_addr.unwrap();
@@ -966,7 +968,7 @@ async fn a_shutdown_lets_in_flight_rpcs_and_streams_finish() {
             Ok::<_, tonic::Status>(answers.collect::<Vec<_>>().await)
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let shutdown = tokio::spawn(gw.shutdown());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let channel = Channel::from_shared(format!("http://{grpc_addr}"))

@@ -304,7 +304,8 @@ async fn idle_and_silent_connections_are_closed_after_the_header_read_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_h2_connections_are_closed_after_the_header_read_timeout() {
     use http_body_util::{BodyExt, Empty};
-    let gw = gateway(|c| c.limits.header_read_timeout_ms = 300).await;
+    // Long enough for a loaded machine to send a request's HEADERS within it.
+    let gw = gateway(|c| c.limits.header_read_timeout_ms = 1000).await;
     let h2 = |addr| async move {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (send, conn) = hyper::client::conn::http2::handshake(
@@ -354,7 +355,7 @@ async fn idle_h2_connections_are_closed_after_the_header_read_timeout() {
         ),
     );
     assert!(
-        tokio::time::timeout(Duration::from_millis(900), &mut conn)
+        tokio::time::timeout(Duration::from_millis(2500), &mut conn)
             .await
             .is_err(),
         "a connection with an open stream was closed as idle"
@@ -754,7 +755,7 @@ async fn sigterm_under_load_drops_no_request() {
             // One thread: the drain must work on the single-threaded runtime too.
             "[server]\nlisten = \"127.0.0.1:{gp}\"\nmetrics_listen = \"127.0.0.1:{}\"\ngrpc_listen = \"\"\n\
              worker_threads = 1\n\
-             [limits]\nshutdown_delay_ms = 1500\n\
+             [limits]\nshutdown_delay_ms = 3000\n\
              [[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{wp}\"\n",
             free_port()
         ),

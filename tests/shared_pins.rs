@@ -158,9 +158,16 @@ impl Redis {
     }
 }
 
-/// The `[fleet]` keys that share pins through `url`.
+/// The `[fleet]` keys that share pins through `url`, with a generous store timeout: on a
+/// loaded CI machine a round trip can pass the 50 ms default, and a test that counts no
+/// store errors would fail.
 fn pins_toml(fleet: &str, url: &str) -> String {
-    format!("{fleet}\n\n[fleet.pins]\nstore = \"redis\"\nurl = \"{url}\"\n")
+    pins_toml_with(fleet, url, "timeout_ms = 2000\n")
+}
+
+/// The same with `store` keys of its own (a timeout to hit, a key prefix).
+fn pins_toml_with(fleet: &str, url: &str, store: &str) -> String {
+    format!("{fleet}\n\n[fleet.pins]\nstore = \"redis\"\nurl = \"{url}\"\n{store}")
 }
 
 fn store_errors(gw: &Running) -> u64 {
@@ -448,12 +455,10 @@ async fn pins_expire_after_the_idle_timeout_and_end_with_the_sequence() {
     let redis = Redis::start().await;
     let workers = Worker::start_many(2, &["accumulate"]).await;
     let all: Vec<&Worker> = workers.iter().collect();
-    let fleet = format!(
-        "{}key_prefix = \"edge:\"\ntimeout_ms = 200\n",
-        pins_toml(
-            "refresh_interval_ms = 200\nsequence_idle_timeout_ms = 1000",
-            &redis.url()
-        )
+    let fleet = pins_toml_with(
+        "refresh_interval_ms = 200\nsequence_idle_timeout_ms = 1000",
+        &redis.url(),
+        "key_prefix = \"edge:\"\ntimeout_ms = 2000\n",
     );
     let gw = start_gateway(gateway_config(&all, &fleet)).await;
     let b = base(&gw);
@@ -606,10 +611,7 @@ async fn a_silent_redis_costs_no_request() {
     });
     let workers = Worker::start_many(2, &["accumulate"]).await;
     let all: Vec<&Worker> = workers.iter().collect();
-    let fleet = format!(
-        "{}timeout_ms = 30\n",
-        pins_toml("refresh_interval_ms = 200", &url)
-    );
+    let fleet = pins_toml_with("refresh_interval_ms = 200", &url, "timeout_ms = 30\n");
     let gw = start_gateway(gateway_config(&all, &fleet)).await;
     let mut rng = fastrand::Rng::with_seed(0x5eed_0501);
     let seqs: Vec<Seq> = (1..=20).map(|id| Seq::new(id, 4, &mut rng)).collect();
@@ -741,7 +743,8 @@ async fn a_start_the_store_missed_is_written_back() {
     let redis = Redis::start().await;
     let workers = Worker::start_many(2, &["accumulate"]).await;
     let all: Vec<&Worker> = workers.iter().collect();
-    let gw = start_gateway(gateway_config(&all, &pins_toml("", &redis.url()))).await;
+    let fleet = pins_toml_with("", &redis.url(), "timeout_ms = 200\n");
+    let gw = start_gateway(gateway_config(&all, &fleet)).await;
     let b = base(&gw);
     let client = http_client();
     // What another replica stored for the id before the stall.
