@@ -1554,3 +1554,63 @@ async fn a_call_the_drain_deadline_cuts_is_unavailable() {
         "the gateway shut down before the answer (limits.drain_timeout_ms passed)",
     );
 }
+
+/// A shape past the rank limit is refused before its message is decoded: INVALID_ARGUMENT
+/// for a unary call, and on a stream the end of that stream (a decoding error; its
+/// dimensions would cost eight times their wire bytes). Empty `bytes_contents` entries,
+/// 2 bytes each on the wire and 32 once decoded, count decoded against the budget for
+/// bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shapes_and_contents_count_as_they_will_be_decoded() {
+    let (gw, mut c) = start(config(
+        &[],
+        "[limits]\nmax_body_bytes = 1048576\nmax_buffered_body_bytes = 1048576\n",
+    ))
+    .await;
+    let mut wide = simple(&[0; 16], &[0; 16]);
+    wide.inputs[0].shape = vec![1; 100_000];
+    let refused = "input 'INPUT0': shape has 100000 dimensions; the limit is 64";
+    assert_status(
+        c.model_infer(wide.clone()).await,
+        Code::InvalidArgument,
+        refused,
+    );
+    let status = match c
+        .model_stream_infer(futures_util::stream::iter([wide]))
+        .await
+    {
+        Err(status) => status,
+        Ok(answers) => {
+            use futures_util::StreamExt;
+            answers.into_inner().next().await.unwrap().unwrap_err()
+        }
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, refused)
+    );
+
+    // 40000 empty strings: 80 KB on the wire, 1.28 MB once decoded, past the 1 MiB budget.
+    let n = 40_000;
+    let strings = pb::ModelInferRequest {
+        model_name: "identity_bytes".into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "BYTES".into(),
+            shape: vec![1, n],
+            contents: Some(pb::InferTensorContents {
+                bytes_contents: vec![Default::default(); n as usize],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_status(
+        c.model_infer(strings).await,
+        Code::ResourceExhausted,
+        "the request body is larger than the 1048576 bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+    );
+    assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
+    gw.shutdown().await;
+}

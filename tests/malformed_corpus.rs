@@ -593,6 +593,19 @@ fn corpus() -> Vec<Case> {
         "/v2/models/identity_int32/infer",
     ));
     v.push(at(case("classification of BOOL", br#"{"inputs":[{"name":"INPUT0","datatype":"BOOL","shape":[1,1],"data":[true]}],"outputs":[{"name":"OUTPUT0","parameters":{"classification":2}}]}"#.to_vec(), 400, "classification is not supported for datatype BOOL"), "/v2/models/identity_bool/infer"));
+    // A shape of thousands of dimensions is refused as it is read, not built first.
+    for (name, rank) in [
+        ("a shape of 65 dimensions", 65),
+        ("a shape of 10000 dimensions", 10_000),
+    ] {
+        let ones = vec!["1"; rank].join(",");
+        v.push(case(
+            name,
+            format!(r#"{{"inputs":[{{"name":"INPUT0","datatype":"INT32","shape":[{ones}],"data":[1]}}]}}"#),
+            400,
+            "input 'INPUT0': field 'shape': more than 64 dimensions (the most a tensor may have)",
+        ));
+    }
     let mut br = case(
         "brotli body",
         good.clone(),

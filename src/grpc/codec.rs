@@ -1,6 +1,6 @@
-//! prost's codec with one check before each decode: `protocol::grpc::check_fanout`, so that
-//! a message of many empty repeated entries cannot make the decoder allocate a hundred
-//! times its size. The generated service and client use it (`codec_path` in build.rs).
+//! prost's codec with checks before each decode: `protocol::grpc::check_fanout` (and, for
+//! ModelInfer, `check_ranks`), so that a message of many empty repeated entries or of a
+//! shape with millions of dimensions cannot make the decoder allocate many times its size. The generated service and client use it (`codec_path` in build.rs).
 
 use std::any::TypeId;
 use std::marker::PhantomData;
@@ -11,7 +11,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::protocol::grpc::{check_fanout, pb, INFER_REQUEST_FIELDS};
+use crate::protocol::grpc::{check_fanout, check_ranks, pb, INFER_REQUEST_FIELDS};
 
 pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
 
@@ -49,15 +49,16 @@ impl<U: Message + Default + 'static> Decoder for GuardedDecoder<U> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The whole message is in one contiguous buffer by the time it is decoded.
         // Named fields for the one message with many: ModelInfer's (streams included).
-        let names = if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
-            INFER_REQUEST_FIELDS
-        } else {
-            &[]
-        };
-        // Not `check_contents` here: a decoder's error ends a whole stream, where a message
-        // whose contents contradict its shape is that message's error alone (the stream
-        // handler's decode says so).
+        let infer = TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>();
+        let names = if infer { INFER_REQUEST_FIELDS } else { &[] };
+        // Not all of `check_contents` here: a decoder's error ends a whole stream, where a
+        // message whose contents contradict its shape is that message's error alone (the
+        // stream handler's decode says so). A shape of thousands of dimensions is not
+        // decoded at all.
         check_fanout(buf.chunk(), names).map_err(|e| Status::resource_exhausted(e.message()))?;
+        if infer {
+            check_ranks(buf.chunk()).map_err(|e| Status::invalid_argument(e.message()))?;
+        }
         self.0.decode(buf)
     }
 

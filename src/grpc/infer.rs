@@ -22,7 +22,9 @@ use crate::gateway::observe::{
 };
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::headers::names;
-use crate::protocol::grpc::{decode_infer_request, encode_infer_response, pb, peek_sequence_id};
+use crate::protocol::grpc::{
+    decode_infer_request, decoded_extra, encode_infer_response, pb, peek_sequence_id,
+};
 use crate::protocol::params::{ENABLE_EMPTY_FINAL_RESPONSE, FINAL_RESPONSE};
 
 /// Requests of one stream handled at once; further messages wait to be read, which
@@ -452,9 +454,12 @@ async fn stream_message(
 ) -> pb::ModelStreamInferResponse {
     let start = Instant::now();
     // Counted from when it is whole (waiting for its turn too) until its answer: up to
-    // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed.
+    // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed, with
+    // what their decoded inputs take beyond their bytes.
     let mut held = gw.bodies.reserve();
-    let over_budget = held.hold(msg.encoded_len()).err();
+    let over_budget = held
+        .hold(msg.encoded_len().saturating_add(decoded_extra(&msg)))
+        .err();
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     let model = (
         msg.model_name.clone(),

@@ -130,7 +130,10 @@ where
         };
         check_fanout(&bytes, INFER_REQUEST_FIELDS)
             .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
-        check_contents(&bytes)?;
+        // What the decoded inputs take beyond the message counts too: an entry of
+        // bytes_contents is 2 bytes on the wire and 32 once decoded.
+        let decoded = check_contents(&bytes)?;
+        held.hold(bytes.len().saturating_add(decoded))?;
         pb::ModelInferRequest::decode(bytes)
             .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
     };

@@ -108,10 +108,25 @@ pub fn format_shape<T: std::fmt::Display>(shape: &[T]) -> String {
     s
 }
 
+/// Most dimensions a tensor may have: numpy 2's limit, far beyond any model's. Decoders
+/// stop reading a shape past it, so that a shape cannot cost memory in proportion to the
+/// body that carries it.
+pub const MAX_RANK: usize = 64;
+
+/// The refusal of a shape with `rank` dimensions (more than `MAX_RANK`).
+pub fn too_many_dimensions(rank: usize) -> ProtocolError {
+    ProtocolError::invalid(format!(
+        "shape has {rank} dimensions; the limit is {MAX_RANK}"
+    ))
+}
+
 /// Multiplies dimensions, failing on overflow and beyond `max_elements`. A dimension must
 /// also fit the protocol's int64 (the protobuf shape is `repeated int64`): a shape with a 0
 /// in it has no elements whatever its other dimensions, and would otherwise pass.
 pub fn checked_element_count(shape: &[u64], max_elements: u64) -> Result<u64> {
+    if shape.len() > MAX_RANK {
+        return Err(too_many_dimensions(shape.len()));
+    }
     if let Some(d) = shape.iter().find(|&&d| d > i64::MAX as u64) {
         return Err(ProtocolError::invalid(format!(
             "shape {} has a dimension {d} larger than the int64 maximum {}",
@@ -268,6 +283,11 @@ mod tests {
         assert_eq!(checked_element_count(&[big, big, 0], 100).unwrap(), 0);
         assert_eq!(checked_element_count(&[0, big, big], 100).unwrap(), 0);
         assert_eq!(checked_element_count(&[], 100).unwrap(), 1);
+        assert_eq!(checked_element_count(&[1; MAX_RANK], 100).unwrap(), 1);
+        assert_eq!(
+            checked_element_count(&[1; MAX_RANK + 1], 100).unwrap_err(),
+            ProtocolError::invalid("shape has 65 dimensions; the limit is 64")
+        );
         assert_eq!(
             checked_element_count(&[i64::MAX as u64, 3], u64::MAX)
                 .unwrap_err()

@@ -6,6 +6,8 @@
 //! shape (`check_contents`). Both read the wire through one field iterator (`fields`).
 
 use super::super::error::{ProtocolError, Result};
+use super::pb;
+use crate::protocol::tensor::{format_shape, too_many_dimensions, MAX_RANK};
 
 /// Most entries of any one top-level field of a message: far more inputs, outputs or raw
 /// contents than any model has.
@@ -87,53 +89,119 @@ fn fields(mut bytes: &[u8]) -> impl Iterator<Item = (u64, Wire<'_>)> {
     })
 }
 
-/// `InferTensorContents` fields by number, and the bytes a packed element takes (0: a
-/// varint, 1 to 10 bytes).
-const CONTENTS_FIELDS: &[(u64, &str, usize)] = &[
-    (1, "bool_contents", 0),
-    (2, "int_contents", 0),
-    (3, "int64_contents", 0),
-    (4, "uint_contents", 0),
-    (5, "uint64_contents", 0),
-    (6, "fp32_contents", 4),
-    (7, "fp64_contents", 8),
-    (8, "bytes_contents", 0),
+/// `InferTensorContents` fields by number, the bytes a packed element takes on the wire (0:
+/// a varint, 1 to 10 bytes), and the bytes one element takes once decoded.
+const CONTENTS_FIELDS: &[(u64, &str, usize, usize)] = &[
+    (1, "bool_contents", 0, 1),
+    (2, "int_contents", 0, 4),
+    (3, "int64_contents", 0, 8),
+    (4, "uint_contents", 0, 4),
+    (5, "uint64_contents", 0, 8),
+    (6, "fp32_contents", 4, 4),
+    (7, "fp64_contents", 8, 8),
+    // A `Bytes` handle into the message; its bytes are not copied.
+    (8, "bytes_contents", 0, std::mem::size_of::<bytes::Bytes>()),
 ];
 
-/// Checks, before a ModelInferRequest is decoded, that no input's typed contents hold more
-/// elements than its shape has. An empty `bytes_contents` entry is two bytes on the wire and
-/// some forty once decoded, and a varint one byte on the wire and eight: 250 KB of gzip could
-/// make the decoder build 4 GB for a shape of one element, which the decoder would then refuse
-/// with this same message. Fewer elements than the shape needs are left to the decoder.
-pub fn check_contents(bytes: &[u8]) -> Result<()> {
+/// Checks, before a ModelInferRequest is decoded, that no input's shape has more than
+/// `MAX_RANK` dimensions and that no input's typed contents hold more elements than its
+/// shape has, and returns how many bytes the decoded inputs take beyond the message's own
+/// (for the budget for bodies). An empty `bytes_contents` entry is two bytes on the wire and
+/// 32 once decoded, and a varint one byte on the wire and eight: 250 KB of gzip could make the
+/// decoder build 4 GB for a shape of one element, which the decoder would then refuse with
+/// this same message. Fewer elements than the shape needs are left to the decoder.
+pub fn check_contents(bytes: &[u8]) -> Result<usize> {
+    let mut decoded = 0usize;
+    for (field, value) in fields(bytes) {
+        match (field, value) {
+            (5, Wire::Delimited(input)) => {
+                let input = scan_input(input);
+                input.check_rank()?;
+                input.check_contents()?;
+                decoded = decoded.saturating_add(input.decoded);
+            }
+            (7, Wire::Delimited(_)) => {
+                decoded = decoded.saturating_add(std::mem::size_of::<bytes::Bytes>());
+            }
+            _ => {}
+        }
+    }
+    Ok(decoded)
+}
+
+/// Only the rank check of `check_contents`, for a stream's decoder: there a decoding error
+/// ends the whole stream, which a message whose contents contradict its shape should not
+/// (the stream's handler refuses that message alone), but a shape whose dimensions would
+/// cost eight times their wire bytes is not decoded at all.
+pub fn check_ranks(bytes: &[u8]) -> Result<()> {
     for (field, value) in fields(bytes) {
         if let (5, Wire::Delimited(input)) = (field, value) {
-            check_input_contents(input)?;
+            scan_input(input).check_rank()?;
         }
     }
     Ok(())
 }
 
-fn check_input_contents(input: &[u8]) -> Result<()> {
-    let mut name = String::new();
-    let mut shape: Vec<i64> = Vec::new();
-    let mut counts = [0u64; 9];
+/// What `check_contents` estimates before decoding, from a decoded message: the bytes its
+/// inputs take beyond the message's own (for a stream's message, counted once decoded).
+pub fn decoded_extra(msg: &pb::ModelInferRequest) -> usize {
+    let handle = std::mem::size_of::<bytes::Bytes>();
+    let inputs = msg.inputs.iter().map(|input| {
+        let contents = input.contents.as_ref().map_or(0, |c| {
+            c.bool_contents.len()
+                + 4 * (c.int_contents.len() + c.uint_contents.len() + c.fp32_contents.len())
+                + 8 * (c.int64_contents.len() + c.uint64_contents.len() + c.fp64_contents.len())
+                + handle * c.bytes_contents.len()
+        });
+        std::mem::size_of::<pb::model_infer_request::InferInputTensor>()
+            + 8 * input.shape.len()
+            + contents
+    });
+    inputs.sum::<usize>() + handle * msg.raw_input_contents.len()
+}
+
+/// What the wire says about one `InferInputTensor`.
+struct InputScan {
+    name: String,
+    /// The first `MAX_RANK` dimensions, and how many there are in all.
+    shape: Vec<i64>,
+    rank: usize,
+    /// Elements per `InferTensorContents` field, by field number.
+    counts: [u64; 9],
+    /// Bytes its shape and contents take once decoded.
+    decoded: usize,
+}
+
+fn scan_input(input: &[u8]) -> InputScan {
+    let mut scan = InputScan {
+        name: String::new(),
+        shape: Vec::new(),
+        rank: 0,
+        counts: [0; 9],
+        decoded: std::mem::size_of::<pb::model_infer_request::InferInputTensor>(),
+    };
+    let dim = |d: u64, scan: &mut InputScan| {
+        if scan.shape.len() < MAX_RANK {
+            scan.shape.push(d as i64);
+        }
+        scan.rank += 1;
+    };
     for (field, value) in fields(input) {
         match (field, value) {
-            (1, Wire::Delimited(n)) => name = String::from_utf8_lossy(n).into_owned(),
-            (3, Wire::Varint(d)) => shape.push(d as i64),
+            (1, Wire::Delimited(n)) => scan.name = String::from_utf8_lossy(n).into_owned(),
+            (3, Wire::Varint(d)) => dim(d, &mut scan),
             (3, Wire::Delimited(packed)) => {
                 let mut packed = packed;
                 while let Some(d) = varint(&mut packed) {
-                    shape.push(d as i64);
+                    dim(d, &mut scan);
                 }
             }
             (5, Wire::Delimited(contents)) => {
                 for (f, v) in fields(contents) {
-                    let Some(&(_, _, width)) = CONTENTS_FIELDS.iter().find(|c| c.0 == f) else {
+                    let Some(&(_, _, width, _)) = CONTENTS_FIELDS.iter().find(|c| c.0 == f) else {
                         continue;
                     };
-                    counts[f as usize] += match v {
+                    scan.counts[f as usize] += match v {
                         // A packed run: its elements, or (for bytes) one entry.
                         Wire::Delimited(run) if f != 8 && width > 0 => (run.len() / width) as u64,
                         Wire::Delimited(run) if f != 8 => {
@@ -146,21 +214,45 @@ fn check_input_contents(input: &[u8]) -> Result<()> {
             _ => {}
         }
     }
-    let Some(needed) = shape.iter().try_fold(1u64, |n, d| {
-        u64::try_from(*d).ok().and_then(|d| n.checked_mul(d))
-    }) else {
-        return Ok(());
-    };
-    for &(f, field, _) in CONTENTS_FIELDS {
-        let has = counts[f as usize];
-        if has > needed {
+    scan.decoded = scan.decoded.saturating_add(scan.rank.saturating_mul(8));
+    for &(f, _, _, size) in CONTENTS_FIELDS {
+        let elements = usize::try_from(scan.counts[f as usize]).unwrap_or(usize::MAX);
+        scan.decoded = scan.decoded.saturating_add(elements.saturating_mul(size));
+    }
+    scan
+}
+
+impl InputScan {
+    fn check_rank(&self) -> Result<()> {
+        if self.rank > MAX_RANK {
+            let e = too_many_dimensions(self.rank);
             return Err(ProtocolError::invalid(format!(
-                "input '{name}': shape {} needs {needed} elements, {field} has {has}",
-                crate::protocol::tensor::format_shape(&shape)
+                "input '{}': {}",
+                self.name,
+                e.message()
             )));
         }
+        Ok(())
     }
-    Ok(())
+
+    fn check_contents(&self) -> Result<()> {
+        let Some(needed) = self.shape.iter().try_fold(1u64, |n, d| {
+            u64::try_from(*d).ok().and_then(|d| n.checked_mul(d))
+        }) else {
+            return Ok(());
+        };
+        for &(f, field, _, _) in CONTENTS_FIELDS {
+            let has = self.counts[f as usize];
+            if has > needed {
+                return Err(ProtocolError::invalid(format!(
+                    "input '{}': shape {} needs {needed} elements, {field} has {has}",
+                    self.name,
+                    format_shape(&self.shape)
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn varint(bytes: &mut &[u8]) -> Option<u64> {
@@ -230,6 +322,37 @@ mod tests {
         // Fewer than the shape needs, and malformed bytes, are the decoder's to word.
         assert!(check_contents(&request_with(ints, vec![40])).is_ok());
         assert!(check_contents(&[0x2a, 0xff, 0xff]).is_ok());
+    }
+
+    #[test]
+    fn the_decoded_size_is_estimated_alike_before_and_after_decoding() {
+        let contents = pb::InferTensorContents {
+            bytes_contents: vec![Default::default(); 1000],
+            int64_contents: vec![1; 10],
+            fp32_contents: vec![0.5; 10],
+            ..Default::default()
+        };
+        let wire = request_with(contents, vec![10, 100]);
+        let before = check_contents(&wire).unwrap();
+        let after = decoded_extra(&pb::ModelInferRequest::decode(&wire[..]).unwrap());
+        assert_eq!(before, after);
+        // 1000 entries of 2 bytes each on the wire take 32 bytes each once decoded.
+        assert!(
+            before > 32_000 && wire.len() < 2_100,
+            "{before} {}",
+            wire.len()
+        );
+    }
+
+    #[test]
+    fn a_shape_past_the_rank_limit_is_refused_before_decoding() {
+        let ints = pb::InferTensorContents::default();
+        let ok = request_with(ints.clone(), vec![1; MAX_RANK]);
+        assert!(check_contents(&ok).is_ok() && check_ranks(&ok).is_ok());
+        let over = request_with(ints, vec![1; 100_000]);
+        let refused = "input 'IN': shape has 100000 dimensions; the limit is 64";
+        assert_eq!(check_contents(&over).unwrap_err().to_string(), refused);
+        assert_eq!(check_ranks(&over).unwrap_err().to_string(), refused);
     }
 
     #[test]

@@ -21,7 +21,9 @@ use super::tensor::{
     check_bool_bytes, check_bytes_framing, checked_element_count, format_shape, Tensor,
 };
 
-pub use fanout::{check_contents, check_fanout, INFER_REQUEST_FIELDS, MAX_REPEATED};
+pub use fanout::{
+    check_contents, check_fanout, check_ranks, decoded_extra, INFER_REQUEST_FIELDS, MAX_REPEATED,
+};
 pub use params::{params_from_proto, params_to_proto, peek_sequence_id};
 
 /// The messages of `proto/inference.proto`, generated at build time.

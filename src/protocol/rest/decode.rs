@@ -662,6 +662,30 @@ mod tests {
         format!(r#"{{"inputs":[{{"name":"X",{fields}}}]}}"#)
     }
 
+    /// A shape is read up to the rank limit and no further, in either decoder.
+    #[test]
+    fn a_shape_past_the_rank_limit_is_refused_where_it_is() {
+        let ones = |n: usize| vec!["1"; n].join(",");
+        let body = |n| {
+            input(&format!(
+                r#""datatype":"INT32","shape":[{}],"data":[1]"#,
+                ones(n)
+            ))
+        };
+        let ok = Bytes::from(body(64));
+        assert!(decode_request(&ok, None, &Limits::default()).is_ok());
+        assert_eq!(
+            err(&body(65)),
+            "input 'X': field 'shape': more than 64 dimensions (the most a tensor may have) at line 1 column 181"
+        );
+        // Not plain dimensions: serde's path from the start.
+        let spaced = input(&format!(
+            r#""datatype":"INT32","shape":[ {} ],"data":[1]"#,
+            ones(100)
+        ));
+        assert!(err(&spaced).contains("more than 64 dimensions (the most a tensor may have)"));
+    }
+
     /// A parameter nested past the depth limit: the message names where, briefly.
     #[test]
     fn a_deep_path_is_shortened() {

@@ -14,6 +14,7 @@ use super::json_data;
 use super::wire::{WireData, WireRequest, WireShape, WireTensor};
 use crate::protocol::datatype::DataType;
 use crate::protocol::limits::Limits;
+use crate::protocol::tensor::MAX_RANK;
 
 struct Reader<'a> {
     s: &'a [u8],
@@ -85,7 +86,7 @@ impl<'a> Reader<'a> {
             return Some(WireShape::Dims(dims));
         }
         self.pos = start;
-        self.value().map(WireShape::Numbers)
+        self.value::<WireShape>()
     }
 
     fn plain_dims(&mut self) -> Option<Vec<u64>> {
@@ -106,6 +107,9 @@ impl<'a> Reader<'a> {
             }
             let v = std::str::from_utf8(text).ok()?.parse::<u64>().ok()?;
             self.pos += digits;
+            if dims.len() == MAX_RANK {
+                return None; // serde's path refuses it, with the field's place
+            }
             dims.push(v);
             match self.peek()? {
                 b',' => self.pos += 1,

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::protocol::params::Parameters;
+use crate::protocol::tensor::MAX_RANK;
 
 #[derive(Deserialize)]
 pub(crate) struct WireTensor<'a> {
@@ -43,7 +44,35 @@ impl WireShape {
 
 impl<'de> Deserialize<'de> for WireShape {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        Ok(WireShape::Numbers(Deserialize::deserialize(d)?))
+        d.deserialize_seq(ShapeVisitor)
+    }
+}
+
+/// Reads at most `MAX_RANK` dimensions: a shape of millions of `1,` would otherwise become
+/// a vector eight times the size of its text before any check could see it.
+struct ShapeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ShapeVisitor {
+    type Value = WireShape;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "an array of at most {MAX_RANK} dimensions")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<WireShape, A::Error> {
+        let mut dims = Vec::new();
+        while let Some(d) = seq.next_element::<serde_json::Number>()? {
+            if dims.len() == MAX_RANK {
+                return Err(serde::de::Error::custom(format!(
+                    "more than {MAX_RANK} dimensions (the most a tensor may have)"
+                )));
+            }
+            dims.push(d);
+        }
+        Ok(WireShape::Numbers(dims))
     }
 }
 
