@@ -1197,19 +1197,29 @@ fn m_request() -> pb::ModelInferRequest {
     }
 }
 
+type RawFrames =
+    tokio::sync::mpsc::Receiver<Result<http_body::Frame<Bytes>, std::convert::Infallible>>;
+
 /// A ModelInfer over a plain HTTP/2 client (so that only the server acts on `grpc_timeout`),
 /// its body the frames `rx` yields; its status, from the headers or the trailers.
-async fn raw_model_infer(
+async fn raw_model_infer(gw: &Running, grpc_timeout: &str, rx: RawFrames) -> tonic::Status {
+    raw_call(gw, "ModelInfer", grpc_timeout, rx).await.0
+}
+
+/// `rpc` of the inference service the same way; its status and how many bytes of messages
+/// came before it.
+async fn raw_call(
     gw: &Running,
+    rpc: &str,
     grpc_timeout: &str,
-    rx: tokio::sync::mpsc::Receiver<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-) -> tonic::Status {
+    rx: RawFrames,
+) -> (tonic::Status, usize) {
     let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build_http();
     let req = http::Request::post(format!(
-        "http://{}/inference.GRPCInferenceService/ModelInfer",
+        "http://{}/inference.GRPCInferenceService/{rpc}",
         gw.grpc_addr.unwrap()
     ))
     .header("content-type", "application/grpc")
@@ -1222,10 +1232,15 @@ async fn raw_model_infer(
         .expect("an answer before the client gives up")
         .unwrap();
     let (parts, body) = response.into_parts();
-    let trailers = body.collect().await.unwrap().trailers().cloned();
-    tonic::Status::from_header_map(&parts.headers)
+    let collected = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("the call ends before the client gives up")
+        .unwrap();
+    let trailers = collected.trailers().cloned();
+    let status = tonic::Status::from_header_map(&parts.headers)
         .or_else(|| trailers.as_ref().and_then(tonic::Status::from_header_map))
-        .expect("a status")
+        .expect("a status");
+    (status, collected.to_bytes().len())
 }
 
 /// A ModelInfer whose body announces 100 bytes and sends none of them; its status.
@@ -1610,6 +1625,39 @@ async fn shapes_and_contents_count_as_they_will_be_decoded() {
         c.model_infer(strings).await,
         Code::ResourceExhausted,
         "the request body is larger than the 1048576 bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+    );
+    assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
+    gw.shutdown().await;
+}
+
+/// A stream's message that stops arriving ends the stream after
+/// `limits.body_read_timeout_ms`, not the stream's idle limit (300 s): what was whole before
+/// it is answered first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_message_that_stops_arriving_is_cut_off() {
+    let (gw, _) = start(config(&[], "[limits]\nbody_read_timeout_ms = 300\n")).await;
+    let message = simple(&[1; 16], &[2; 16]).encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    // One whole message, then the first half of the next, then nothing.
+    framed.extend_from_slice(&framed.clone()[..framed.len() / 2]);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(Ok(http_body::Frame::data(Bytes::from(framed))))
+        .await
+        .unwrap();
+    let (status, answered) = raw_call(&gw, "ModelStreamInfer", "60S", rx).await;
+    drop(tx);
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::DeadlineExceeded,
+            "a stream's request message did not arrive whole within 300 ms of its first bytes (limits.body_read_timeout_ms)"
+        )
+    );
+    assert!(
+        answered > 100,
+        "the whole message was answered first: {answered} bytes"
     );
     assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
     gw.shutdown().await;

@@ -268,7 +268,8 @@ pub struct LimitsConfig {
     /// Time to receive a request's headers, which is also how long an idle HTTP/1
     /// keep-alive connection is kept.
     pub header_read_timeout_ms: u64,
-    /// Time to receive a request's body (408 beyond).
+    /// Time to receive a request's body (408 beyond), a gRPC unary call's message, or one
+    /// message of a gRPC stream from its first bytes (DEADLINE_EXCEEDED beyond).
     pub body_read_timeout_ms: u64,
     /// How long a write to a client may wait without progress before the connection is
     /// closed: a client that stops reading an answer does not hold it for ever.

@@ -173,7 +173,14 @@ where
             let (svc, max) = (self.inference.clone(), self.max_message);
             let path = req.uri().path().to_string();
             let held = self.gw.bodies.reserve();
-            let req = req.map(|b| WholeMessages::new(b, max).counted(held));
+            // A unary call's whole body has its deadline (`bounded`); a stream's messages
+            // each have one of the same length.
+            let timeout = self.body_timeout;
+            let req = req.map(|b| {
+                WholeMessages::new(b, max)
+                    .counted(held)
+                    .message_deadline(timeout)
+            });
             Box::pin(async move {
                 let response = svc.oneshot(req).await?;
                 Ok(log(named_if_unknown(

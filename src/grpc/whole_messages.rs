@@ -6,14 +6,21 @@
 //! tonic accepts, which tonic then refuses at once); tonic's reservation then matches bytes
 //! that are really there. Complete messages at the start of a frame pass without a copy.
 //! What is held back counts against the gateway's budget for bodies (`counted`); a message
-//! that would exceed it ends the call with UNAVAILABLE.
+//! that would exceed it ends the call with UNAVAILABLE. On a stream, a message must arrive
+//! whole within `limits.body_read_timeout_ms` of its first bytes (`message_deadline`), as a
+//! unary call's must: the stream's idle limit (300 s by default) counts only between
+//! messages, and a half-sent message held its bytes, and its slot, for all of it.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::{sleep, Sleep};
+use tonic::Status;
 
 use crate::body::BoxError;
 use crate::gateway::body_budget::Reservation;
@@ -30,6 +37,10 @@ pin_project! {
         max_message: usize,
         ended: bool,
         held: Reservation,
+        // How long a message may take to arrive once it has begun, and when the one
+        // pending now must be whole.
+        message_timeout: Option<Duration>,
+        due: Option<Pin<Box<Sleep>>>,
     }
 }
 
@@ -41,7 +52,16 @@ impl<B> WholeMessages<B> {
             max_message,
             ended: false,
             held: Reservation::default(),
+            message_timeout: None,
+            due: None,
         }
+    }
+
+    /// Ends the call with DEADLINE_EXCEEDED when a message begun does not arrive whole
+    /// within `timeout`.
+    pub fn message_deadline(mut self, timeout: Duration) -> Self {
+        self.message_timeout = Some(timeout);
+        self
     }
 
     /// Counts what is held back in `held`.
@@ -92,7 +112,21 @@ where
                 *this.pending = BytesMut::from(&this.pending[..]);
                 // Handed on: no longer held here (shrinking always succeeds).
                 let _ = this.held.hold(this.pending.len());
+                // The tail, if any, is the next message begun.
+                *this.due = None;
                 return Poll::Ready(Some(Ok(Frame::data(whole))));
+            }
+            if this.pending.is_empty() {
+                *this.due = None;
+            } else if let Some(timeout) = *this.message_timeout {
+                let due = this.due.get_or_insert_with(|| Box::pin(sleep(timeout)));
+                if due.as_mut().poll(cx).is_ready() {
+                    let status = Status::deadline_exceeded(format!(
+                        "a stream's request message did not arrive whole within {} ms of its first bytes (limits.body_read_timeout_ms)",
+                        timeout.as_millis()
+                    ));
+                    return Poll::Ready(Some(Err(Box::new(status))));
+                }
             }
             if *this.ended {
                 // A message cut short: tonic says so ("Unexpected EOF").
@@ -224,6 +258,46 @@ mod tests {
             body.pending.capacity() < 1024,
             "{}",
             body.pending.capacity()
+        );
+    }
+
+    /// A message begun must arrive whole within its deadline; the time between whole
+    /// messages is the stream's idle limit's, not this one's.
+    #[tokio::test(start_paused = true)]
+    async fn a_message_begun_must_arrive_whole_in_time() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rx = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut body = WholeMessages::new(StreamBody::new(rx), 1 << 20)
+            .message_deadline(Duration::from_millis(1000));
+        let m = message(10);
+        let send = |b: &[u8]| {
+            tx.send(Ok::<_, std::convert::Infallible>(Frame::data(
+                Bytes::copy_from_slice(b),
+            )))
+            .unwrap()
+        };
+        // Whole, after a long quiet: no deadline was running.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        send(&m);
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), m);
+        // Begun, and finished within the deadline.
+        send(&m[..4]);
+        assert!(futures_util::FutureExt::now_or_never(body.frame()).is_none());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        send(&m[4..]);
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), m);
+        // Begun, and not finished.
+        send(&m[..4]);
+        let started = tokio::time::Instant::now();
+        let refused = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_millis(1000));
+        let status = refused.downcast::<Status>().unwrap();
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                tonic::Code::DeadlineExceeded,
+                "a stream's request message did not arrive whole within 1000 ms of its first bytes (limits.body_read_timeout_ms)"
+            )
         );
     }
 
