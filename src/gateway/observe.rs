@@ -684,17 +684,25 @@ fn write_hex(out: &mut [u8], v: u64) {
     }
 }
 
+/// W3C Trace Context 3.2: `version-traceid-parentid-flags`, lowercase hex, ids not all zero,
+/// version ff invalid; version 00 is exactly that long, a later one may carry more after a
+/// `-`. Anything else is replaced, not passed on for the backend to trip over.
 fn valid_traceparent(v: &[u8]) -> bool {
-    let parts: Vec<&[u8]> = v.split(|b| *b == b'-').collect();
-    let hex = |p: &[u8], n: usize| p.len() == n && p.iter().all(|b| b.is_ascii_hexdigit());
-    parts.len() >= 4
-        && hex(parts[0], 2)
-        && parts[0] != b"ff"
-        && hex(parts[1], 32)
-        && parts[1].iter().any(|b| *b != b'0')
-        && hex(parts[2], 16)
-        && parts[2].iter().any(|b| *b != b'0')
-        && hex(parts[3], 2)
+    let hex = |p: &[u8]| p.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let nonzero = |p: &[u8]| p.iter().any(|b| *b != b'0');
+    if v.len() < 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return false;
+    }
+    let (version, trace, span, flags, rest) =
+        (&v[..2], &v[3..35], &v[36..52], &v[53..55], &v[55..]);
+    hex(version)
+        && version != b"ff"
+        && hex(trace)
+        && nonzero(trace)
+        && hex(span)
+        && nonzero(span)
+        && hex(flags)
+        && (rest.is_empty() || (version != b"00" && rest[0] == b'-'))
 }
 
 #[cfg(test)]
@@ -793,6 +801,46 @@ mod tests {
         assert!(valid_traceparent(traceparent(None).as_bytes()));
         // Fresh ids differ from one another.
         assert_ne!(traceparent(None), traceparent(None));
+        for (sent, valid) in [
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                true,
+            ),
+            (
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+                false,
+            ),
+            (
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                false,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                false,
+            ),
+            (
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                false,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+                false,
+            ),
+            (
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+                true,
+            ),
+            (
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+                false,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                false,
+            ),
+        ] {
+            assert_eq!(valid_traceparent(sent.as_bytes()), valid, "{sent}");
+        }
     }
 
     #[test]

@@ -41,11 +41,35 @@ pub fn check_header_length(
     }
     let n = parse_header_length(first.as_bytes())?;
     if n > max_json {
+        // As sent: a length past usize::MAX was read as usize::MAX.
+        let sent = String::from_utf8_lossy(first.as_bytes());
         return Err(GatewayError::PayloadTooLarge(format!(
-            "the JSON request is {n} bytes (Inference-Header-Content-Length); the limit is {max_json} (limits.max_json_bytes)"
+            "the JSON request is {} bytes (Inference-Header-Content-Length); the limit is {max_json} (limits.max_json_bytes)",
+            sent.trim()
         )));
     }
     Ok(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_length_past_the_limit_is_named_as_sent() {
+        let length = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from_static(v));
+            check_header_length(&h, 100).map_err(|e| e.message().to_string())
+        };
+        assert_eq!(length("100"), Ok(Some(100)));
+        for sent in ["101", "18446744073709551616", "99999999999999999999999"] {
+            assert_eq!(
+                length(sent),
+                Err(format!("the JSON request is {sent} bytes (Inference-Header-Content-Length); the limit is 100 (limits.max_json_bytes)"))
+            );
+        }
+    }
 }
 
 pub async fn infer(
