@@ -51,27 +51,6 @@ pub fn check_header_length(
     Ok(Some(n))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_header_length_past_the_limit_is_named_as_sent() {
-        let length = |v: &'static str| {
-            let mut h = http::HeaderMap::new();
-            h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from_static(v));
-            check_header_length(&h, 100).map_err(|e| e.message().to_string())
-        };
-        assert_eq!(length("100"), Ok(Some(100)));
-        for sent in ["101", "18446744073709551616", "99999999999999999999999"] {
-            assert_eq!(
-                length(sent),
-                Err(format!("the JSON request is {sent} bytes (Inference-Header-Content-Length); the limit is 100 (limits.max_json_bytes)"))
-            );
-        }
-    }
-}
-
 pub async fn infer(
     gw: &Gateway,
     config: &Config,
@@ -163,4 +142,25 @@ fn pass_through(backend: http::Response<crate::gateway::core::BackendBody>) -> R
     }
     r.body(body.map_err(Into::into).boxed_unsync())
         .expect("valid response parts")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_length_past_the_limit_is_named_as_sent() {
+        let length = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from_static(v));
+            check_header_length(&h, 100).map_err(|e| e.message().to_string())
+        };
+        assert_eq!(length("100"), Ok(Some(100)));
+        for sent in ["101", "18446744073709551616", "99999999999999999999999"] {
+            assert_eq!(
+                length(sent),
+                Err(format!("the JSON request is {sent} bytes (Inference-Header-Content-Length); the limit is 100 (limits.max_json_bytes)"))
+            );
+        }
+    }
 }
