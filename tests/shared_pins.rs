@@ -115,6 +115,25 @@ impl Redis {
         self.url.clone()
     }
 
+    /// A Redis with a user `pins` that has the pin keys and every command, but no channel
+    /// (what Redis 7 gives a new ACL user), and the URL that logs in as it.
+    async fn with_user_without_channels() -> (Redis, String) {
+        let redis = Redis::start().await;
+        let mut c = redis.client().get_connection().unwrap();
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("pins")
+            .arg("on")
+            .arg(">pw")
+            .arg("~tensorgate:pin:*")
+            .arg("+@all")
+            .arg("resetchannels")
+            .query(&mut c)
+            .unwrap();
+        let url = format!("redis://pins:pw@127.0.0.1:{}/0", redis.port);
+        (redis, url)
+    }
+
     fn client(&self) -> redis::Client {
         match &self.ca {
             Some(ca) => redis::Client::build_with_tls(
@@ -696,21 +715,7 @@ async fn tls_and_a_password_reach_redis() {
 /// second, routing the requests of that second without it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_changes_channel_still_shares_pins() {
-    let redis = Redis::start().await;
-    {
-        let mut c = redis.client().get_connection().unwrap();
-        let () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("pins")
-            .arg("on")
-            .arg(">pw")
-            .arg("~tensorgate:pin:*")
-            .arg("+@all")
-            .arg("resetchannels")
-            .query(&mut c)
-            .unwrap();
-    }
-    let url = format!("redis://pins:pw@127.0.0.1:{}/0", redis.port);
+    let (redis, url) = Redis::with_user_without_channels().await;
     let workers = Worker::start_many(2, &["accumulate"]).await;
     let all: Vec<&Worker> = workers.iter().collect();
     let gw = start_gateway(gateway_config(&all, &pins_toml("", &url))).await;
@@ -732,6 +737,61 @@ async fn a_user_without_the_changes_channel_still_shares_pins() {
     assert_eq!(store_errors(&gw), 0);
     assert_eq!(gw.gateway.metrics.pin_store_up.get(), 1);
     gw.shutdown().await;
+}
+
+/// The same user, seen in a gateway process's log: the refused subscription says which
+/// channel the ACL lacks, and the refused announcements are said once, not per write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_the_changes_channel_is_told_what_to_grant() {
+    let (redis, url) = Redis::with_user_without_channels().await;
+    let workers = Worker::start_many(2, &["accumulate"]).await;
+    let pairs: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|w| (w.name.as_str(), w.url.as_str()))
+        .collect();
+    let dir = TempDir::new("no-channel");
+    let config = dir.0.join("gateway.toml");
+    std::fs::write(&config, gateway_toml(&pairs, &pins_toml("", &url))).unwrap();
+    let gw = GatewayProcess::start(&config, dir.0.join("gateway.log")).await;
+    let client = http_client();
+    // Each end announces its pin's removal: three announcements, all refused.
+    let key = format!("{PREFIX}accumulate:u:96");
+    for round in 0..3 {
+        let r = accumulate(&client, &gw.base, 96, true, false, 1).await;
+        assert_eq!(r.status, 200, "round {round}: {r:?}");
+        let r = accumulate(&client, &gw.base, 96, false, true, 2).await;
+        assert_eq!((r.status, r.output_int("OUTPUT0")), (200, Some(3)), "{r:?}");
+        assert_eq!(redis.get(&key), None, "round {round}: the end left the pin");
+    }
+    let subscription = "cannot subscribe to the pin store's changes channel";
+    let announcement = "the pin store refuses to announce moved and removed pins";
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = gw.log_text();
+        if log.contains(subscription) && log.contains(announcement) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = |what: &str| {
+        log.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' logged:\n{log}"))
+            .to_string()
+    };
+    let subscribed = line(subscription);
+    assert!(subscribed.contains("error=\"NoPerm: "), "{subscribed}");
+    assert!(
+        subscribed.contains("(a Redis ACL user needs the channel tensorgate:pin:changes)"),
+        "{subscribed}"
+    );
+    let announced = line(announcement);
+    assert!(
+        announced.contains("channel=tensorgate:pin:changes"),
+        "{announced}"
+    );
+    assert_eq!(log.matches(announcement).count(), 1, "{log}");
+    assert!(!log.contains("pw@"), "the password is shown:\n{log}");
 }
 
 /// A start served while Redis did not answer is written back once it does: it is the newest

@@ -375,13 +375,17 @@ impl PinStore {
                     Ok(Ok(pubsub)) => pubsub,
                     failed => {
                         if !failing {
-                            let error = match failed {
-                                Ok(Err(e)) => e.to_string(),
-                                _ => format!("no answer within {} ms", STARTUP_PROBE.as_millis()),
-                            };
                             // The ACL hint only where Redis refused the channel itself: a
-                            // refused connection or a wrong password is no ACL matter.
-                            if error.contains("NOPERM") {
+                            // refused connection or a wrong password is no ACL matter. By
+                            // the reply's code: the client words it "NoPerm: ...".
+                            let (error, no_permission) = match failed {
+                                Ok(Err(e)) => (e.to_string(), e.code() == Some("NOPERM")),
+                                _ => (
+                                    format!("no answer within {} ms", STARTUP_PROBE.as_millis()),
+                                    false,
+                                ),
+                            };
+                            if no_permission {
                                 tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can (a Redis ACL user needs the channel {prefix}changes)");
                             } else {
                                 tracing::warn!(url = %url, error, "cannot subscribe to the pin store's changes channel; pins other replicas move are followed at their renewal until it can");
