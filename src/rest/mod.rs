@@ -379,27 +379,69 @@ where
     let coding = content_coding(&req)?;
     let header_length = infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
     let (parts, body) = req.into_parts();
-    let max_body = config.limits.max_body_bytes;
-    let body = read_in_time(config, body, max_body, held).await?;
+    // A body without the binary extension is all JSON: it may be no larger than the JSON
+    // limit, checked as it arrives (and inflates), not once it is all here.
+    let (max_body, max_json) = (config.limits.max_body_bytes, config.limits.max_json_bytes);
+    let limit = match header_length {
+        None if max_json < max_body => Limit::Json(max_json),
+        _ => Limit::Body(max_body),
+    };
+    let body = read_in_time(config, body, limit, held).await?;
     let Some(coding) = coding else {
         return Ok((parts, body, header_length));
     };
-    // A body without the binary extension is all JSON: it may inflate to no more than the
-    // JSON limit, which is checked as it inflates, not after.
-    let max_json = config.limits.max_json_bytes;
-    let (max, limit) = match header_length {
-        None if max_json < max_body => (max_json, "limits.max_json_bytes"),
-        _ => (max_body, "limits.max_body_bytes"),
-    };
-    let body = inflated(body, coding, max, held)
+    let body = inflated(body, coding, limit.max(), held)
         .await
         .map_err(|e| match e {
             Inflated::TooLarge => GatewayError::PayloadTooLarge(format!(
-                "the request body inflates to more than {max} bytes ({limit})"
+                "the request body inflates to more than {} bytes ({})",
+                limit.max(),
+                limit.name()
             )),
             Inflated::Other(e) => e,
         })?;
     Ok((parts, body, header_length))
+}
+
+/// The most bytes a request body may have, and the setting that says so.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    /// `limits.max_body_bytes` (or a repository request's own).
+    Body(usize),
+    /// `limits.max_json_bytes`, for a body that is all JSON.
+    Json(usize),
+}
+
+impl Limit {
+    fn max(self) -> usize {
+        match self {
+            Limit::Body(n) | Limit::Json(n) => n,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Limit::Body(_) => "limits.max_body_bytes",
+            Limit::Json(_) => "limits.max_json_bytes",
+        }
+    }
+
+    /// The 413 of a body past the limit: its declared length, where it said one.
+    fn refusal(self, declared: Option<u64>) -> GatewayError {
+        GatewayError::PayloadTooLarge(match (self, declared) {
+            (Limit::Json(max), Some(n)) => {
+                format!("the JSON request is {n} bytes; the limit is {max} (limits.max_json_bytes)")
+            }
+            (Limit::Json(max), None) => format!(
+                "the JSON request is larger than the limit of {max} bytes (limits.max_json_bytes)"
+            ),
+            (Limit::Body(max), _) => {
+                format!(
+                    "request body is larger than the limit of {max} bytes (limits.max_body_bytes)"
+                )
+            }
+        })
+    }
 }
 
 /// Why a compressed body did not inflate.
@@ -434,11 +476,11 @@ async fn inflated(
 #[derive(Debug, Clone, Copy)]
 pub struct Compressible;
 
-/// Reads a whole body within `limits.body_read_timeout_ms`, refusing more than `max` bytes.
+/// Reads a whole body within `limits.body_read_timeout_ms`, refusing more than `limit`.
 async fn read_in_time<B>(
     config: &crate::config::Config,
     body: B,
-    max: usize,
+    limit: Limit,
     held: &mut Reservation,
 ) -> Result<Bytes, GatewayError>
 where
@@ -446,7 +488,7 @@ where
     B::Error: Into<BoxError>,
 {
     let timeout = config.limits.body_read_timeout_ms;
-    tokio::time::timeout(Duration::from_millis(timeout), read_body(body, max, held))
+    tokio::time::timeout(Duration::from_millis(timeout), read_body(body, limit, held))
         .await
         .map_err(|_| {
             GatewayError::RequestTimeout(format!(
@@ -477,7 +519,8 @@ where
             CONTROL_BODY_LIMIT >> 10
         ))
     };
-    let bytes = read_in_time(&gw.config(), req.into_body(), CONTROL_BODY_LIMIT, &mut held)
+    let limit = Limit::Body(CONTROL_BODY_LIMIT);
+    let bytes = read_in_time(&gw.config(), req.into_body(), limit, &mut held)
         .await
         .map_err(|e| match e {
             GatewayError::PayloadTooLarge(_) => too_large(),
@@ -539,23 +582,21 @@ fn content_coding<B>(req: &Request<B>) -> Result<Option<Coding>, GatewayError> {
     }
 }
 
-/// Reads a whole request body as it came, refusing more than `max` bytes, and
-/// more than `held` can hold of the gateway's budget for bodies.
-async fn read_body<B>(body: B, max: usize, held: &mut Reservation) -> Result<Bytes, GatewayError>
+/// Reads a whole request body as it came, refusing more than `limit`, and more than `held`
+/// can hold of the gateway's budget for bodies.
+async fn read_body<B>(body: B, limit: Limit, held: &mut Reservation) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let too_large = || {
-        GatewayError::PayloadTooLarge(format!(
-            "request body is larger than the limit of {max} bytes (limits.max_body_bytes)"
-        ))
-    };
+    let max = limit.max();
     // A Content-Length over the limit is refused before a byte of the body is read.
-    let expected = http_body::Body::size_hint(&body).lower();
+    let hint = http_body::Body::size_hint(&body);
+    let expected = hint.lower();
     if expected > max as u64 {
-        return Err(too_large());
+        return Err(limit.refusal(hint.exact()));
     }
+    let too_large = || limit.refusal(None);
     // One chunk is kept as it came (no copy). Several are copied, as they arrive, into one
     // buffer sized from Content-Length, so that each chunk, and the read buffer it pins, is
     // released at once: collecting them all and then joining them would hold every body
@@ -657,7 +698,7 @@ mod tests {
     async fn bodies_are_read_whole_and_within_the_limit() {
         let one = read_body(
             http_body_util::Full::new(Bytes::from_static(b"abc")),
-            10,
+            Limit::Body(10),
             &mut Reservation::default(),
         )
         .await
@@ -665,21 +706,21 @@ mod tests {
         assert_eq!(one, "abc");
         let joined = read_body(
             chunked(&[b"ab", b"", b"cde", b"f"]),
-            10,
+            Limit::Body(10),
             &mut Reservation::default(),
         )
         .await
         .unwrap();
         assert_eq!(joined, "abcdef");
         assert_eq!(
-            read_body(chunked(&[]), 10, &mut Reservation::default())
+            read_body(chunked(&[]), Limit::Body(10), &mut Reservation::default())
                 .await
                 .unwrap(),
             ""
         );
         let over = read_body(
             chunked(&[b"abcdef", b"ghijk"]),
-            10,
+            Limit::Body(10),
             &mut Reservation::default(),
         )
         .await
@@ -691,11 +732,28 @@ mod tests {
         // A declared length over the limit is refused before reading.
         let declared = read_body(
             http_body_util::Full::new(Bytes::from_static(&[0; 11])),
-            10,
+            Limit::Body(10),
             &mut Reservation::default(),
         )
         .await
         .unwrap_err();
         assert_eq!(declared.message(), over.message());
+        // A body that is all JSON is held to the JSON limit, named with its length if it
+        // declared one.
+        let mut held = Reservation::default();
+        let chunks = read_body(chunked(&[b"abcdef", b"ghijk"]), Limit::Json(10), &mut held);
+        assert_eq!(
+            chunks.await.unwrap_err().message(),
+            "the JSON request is larger than the limit of 10 bytes (limits.max_json_bytes)"
+        );
+        let declared = read_body(
+            http_body_util::Full::new(Bytes::from_static(&[0; 11])),
+            Limit::Json(10),
+            &mut held,
+        );
+        assert_eq!(
+            declared.await.unwrap_err().message(),
+            "the JSON request is 11 bytes; the limit is 10 (limits.max_json_bytes)"
+        );
     }
 }
