@@ -1570,11 +1570,11 @@ async fn a_call_the_drain_deadline_cuts_is_unavailable() {
     );
 }
 
-/// A shape past the rank limit is refused before its message is decoded: INVALID_ARGUMENT
-/// for a unary call, and on a stream the end of that stream (a decoding error; its
-/// dimensions would cost eight times their wire bytes). Empty `bytes_contents` entries,
-/// 2 bytes each on the wire and 32 once decoded, count decoded against the budget for
-/// bodies.
+/// A shape past the rank limit is refused before its message is decoded, and empty
+/// `bytes_contents` entries (2 bytes each on the wire, 32 once decoded) count decoded
+/// against the budget for bodies before prost allocates them: INVALID_ARGUMENT and
+/// RESOURCE_EXHAUSTED for a unary call; on a stream, each such message (and one with too
+/// many entries of a field) is answered with its error and the stream goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shapes_and_contents_count_as_they_will_be_decoded() {
     let (gw, mut c) = start(config(
@@ -1584,31 +1584,19 @@ async fn shapes_and_contents_count_as_they_will_be_decoded() {
     .await;
     let mut wide = simple(&[0; 16], &[0; 16]);
     wide.inputs[0].shape = vec![1; 100_000];
-    let refused = "input 'INPUT0': shape has 100000 dimensions; the limit is 64";
+    wide.id = "wide".into();
+    let too_wide = "input 'INPUT0': shape has 100000 dimensions; the limit is 64";
     assert_status(
         c.model_infer(wide.clone()).await,
         Code::InvalidArgument,
-        refused,
-    );
-    let status = match c
-        .model_stream_infer(futures_util::stream::iter([wide]))
-        .await
-    {
-        Err(status) => status,
-        Ok(answers) => {
-            use futures_util::StreamExt;
-            answers.into_inner().next().await.unwrap().unwrap_err()
-        }
-    };
-    assert_eq!(
-        (status.code(), status.message()),
-        (Code::InvalidArgument, refused)
+        too_wide,
     );
 
-    // 40000 empty strings: 80 KB on the wire, 1.28 MB once decoded, past the 1 MiB budget.
+    // 40000 empty strings: 80 KB on the wire, past the 1 MiB budget once decoded.
     let n = 40_000;
     let strings = pb::ModelInferRequest {
-        model_name: "identity_bytes".into(),
+        model_name: "simple".into(),
+        id: "strings".into(),
         inputs: vec![pb::model_infer_request::InferInputTensor {
             name: "INPUT0".into(),
             datatype: "BYTES".into(),
@@ -1621,11 +1609,44 @@ async fn shapes_and_contents_count_as_they_will_be_decoded() {
         }],
         ..Default::default()
     };
-    assert_status(
-        c.model_infer(strings).await,
-        Code::ResourceExhausted,
-        "the request body is larger than the 1048576 bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+    let status = c.model_infer(strings.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let decodes_to = |message: &str| -> usize {
+        let tail = ", more than the 1048576 bytes all request bodies may hold at once (limits.max_buffered_body_bytes)";
+        message
+            .strip_prefix("the request message decodes to ")
+            .and_then(|m| m.strip_suffix(tail))
+            .and_then(|m| m.strip_suffix(" bytes"))
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("{message}"))
+    };
+    assert!(decodes_to(status.message()) > 32 * n as usize);
+
+    let mut outputs = simple(&[0; 16], &[0; 16]);
+    outputs.id = "outputs".into();
+    outputs.outputs = vec![Default::default(); 5000];
+    let messages = vec![
+        wide,
+        simple(&[1; 16], &[2; 16]),
+        strings,
+        simple(&[3; 16], &[4; 16]),
+        outputs,
+        simple(&[5; 16], &[6; 16]),
+    ];
+    let got = stream_all(&mut c, messages).await;
+    assert_eq!(got.len(), 6, "{got:?}");
+    assert_eq!(
+        got[4].error_message,
+        "'outputs' (field 6) of the message repeats more than 4096 times"
     );
+    assert_eq!(got[4].infer_response.as_ref().unwrap().id, "");
+    assert_eq!(got[5].error_message, "");
+    assert_eq!(got[0].error_message, too_wide);
+    assert_eq!(got[0].infer_response.as_ref().unwrap().id, "wide");
+    assert_eq!(got[1].error_message, "");
+    assert!(decodes_to(&got[2].error_message) > 32 * n as usize);
+    assert_eq!(got[2].infer_response.as_ref().unwrap().id, "strings");
+    assert_eq!(got[3].error_message, "");
     assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
     gw.shutdown().await;
 }

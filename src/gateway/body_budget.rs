@@ -74,6 +74,11 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The whole budget's size; `None` for a reservation without one.
+    pub fn limit(&self) -> Option<usize> {
+        self.budget.as_ref().map(|b| b.limit)
+    }
+
     /// Holds `total` bytes for this body from now on (more or fewer than before). Fails,
     /// holding what it held, when the budget has not the difference left: 503 while other
     /// bodies hold it, 413 for a body that the whole budget could never hold.

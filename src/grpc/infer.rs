@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
 use http::HeaderValue;
 use prost::Message;
 use tokio::sync::oneshot;
@@ -16,6 +17,7 @@ use tonic::{Request, Response, Status};
 use super::stream_end::StreamWatch;
 use super::BoxStream;
 use crate::error::GatewayError;
+use crate::gateway::body_budget::Reservation;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol};
 use crate::gateway::observe::{
     access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
@@ -23,7 +25,8 @@ use crate::gateway::observe::{
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::headers::names;
 use crate::protocol::grpc::{
-    decode_infer_request, decoded_extra, encode_infer_response, pb, peek_sequence_id,
+    check_fanout, decode_infer_request, decoded_extra, encode_infer_response, pb, peek_sequence_id,
+    MessageHead, INFER_REQUEST_FIELDS,
 };
 use crate::protocol::params::{ENABLE_EMPTY_FINAL_RESPONSE, FINAL_RESPONSE};
 
@@ -348,13 +351,53 @@ fn code_name(code: tonic::Code) -> &'static str {
 
 /// The sequence a stream message belongs to, as a key for ordering (not for routing): a hash
 /// of the model and the id, so that a client's long ids cost nothing to keep.
-fn sequence_key(msg: &pb::ModelInferRequest) -> Option<u64> {
+fn sequence_key(head: &MessageHead) -> Option<u64> {
     use std::hash::BuildHasher;
-    let id = peek_sequence_id(msg)?;
+    let id = peek_sequence_id(&head.parameters)?;
     Some(
         std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
-            .hash_one((&msg.model_name, id)),
+            .hash_one((&head.model_name, id)),
     )
+}
+
+/// A stream's message as `stream` takes it: its bytes, decoded here with the budget for
+/// bodies in view (`super::raw_stream`, the path every ModelStreamInfer takes), or as tonic's
+/// generated service decoded it.
+pub enum Incoming {
+    Raw(Bytes),
+    Decoded(pb::ModelInferRequest),
+}
+
+impl Incoming {
+    /// What the message says of itself before its inputs are decoded; an error is that
+    /// message's alone.
+    fn head(&self) -> Result<MessageHead, GatewayError> {
+        match self {
+            Incoming::Decoded(msg) => Ok(MessageHead::of(msg)),
+            Incoming::Raw(bytes) => {
+                // First: a map of millions of parameters would be decoded into one.
+                check_fanout(bytes, INFER_REQUEST_FIELDS)
+                    .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
+                MessageHead::decode(&bytes[..]).map_err(|e| {
+                    GatewayError::BadRequest(format!("the request message is not valid: {e}"))
+                })
+            }
+        }
+    }
+
+    /// The message, decoded, with what it takes held in `held` from now until its answer.
+    async fn decode(self, held: &mut Reservation) -> Result<pb::ModelInferRequest, GatewayError> {
+        match self {
+            Incoming::Decoded(msg) => {
+                held.hold(msg.encoded_len().saturating_add(decoded_extra(&msg)))?;
+                Ok(msg)
+            }
+            Incoming::Raw(bytes) => {
+                held.hold(bytes.len())?;
+                super::decode::decode_message(bytes, held).await
+            }
+        }
+    }
 }
 
 /// Keeps the requests of each sequence on one stream in the order they were sent, while
@@ -376,12 +419,15 @@ impl SequenceOrder {
     }
 }
 
-pub fn stream(
+pub fn stream<S>(
     gw: Arc<Gateway>,
-    req: Request<tonic::Streaming<pb::ModelInferRequest>>,
+    req: Request<S>,
     max_message: usize,
     idle: Option<Duration>,
-) -> BoxStream<pb::ModelStreamInferResponse> {
+) -> BoxStream<pb::ModelStreamInferResponse>
+where
+    S: Stream<Item = Result<Incoming, Status>> + Send + 'static,
+{
     let ctx = RpcContext::from_headers(req.metadata().as_ref(), tokio::time::Instant::now());
     let peer = PeerAddr::of(req.extensions());
     // At shutdown, or once idle, a stream takes no more messages: one whose client sends
@@ -401,23 +447,28 @@ pub fn stream(
             let ctx = ctx.clone();
             let watch = watch.clone();
             watch.arrived();
-            let turn = m
+            // Read here, as messages arrive, so that each sequence's turns follow the wire.
+            let head = m.as_ref().ok().map(Incoming::head);
+            let turn = head
                 .as_ref()
-                .ok()
+                .and_then(|h| h.as_ref().ok())
                 .and_then(sequence_key)
                 .map(|k| order.enter(k));
             async move {
-                // A message that could not be read (too large, not protobuf) ends the stream
-                // with its status: what follows it on the wire cannot be trusted either.
+                // A message that could not be read as a message (too large, a broken frame)
+                // ends the stream with its status: what follows it on the wire cannot be
+                // trusted either. One that is a message but not a valid request is answered
+                // alone.
                 let msg = m.map_err(|status| {
                     watch.answered();
                     super::routes::as_client_error(status, max_message)
                 })?;
+                let head = head.expect("a message read has a head, or why not");
                 let (wait, done) = match turn {
                     Some((wait, done)) => (wait, Some(done)),
                     None => (None, None),
                 };
-                let answer = stream_message(&gw, msg, (ctx, peer), wait).await;
+                let answer = stream_message(&gw, (msg, head), (ctx, peer), wait).await;
                 drop(done);
                 watch.answered();
                 Ok(answer)
@@ -445,7 +496,7 @@ pub fn stream(
 /// sequence): an error answers that message alone, and the stream goes on.
 async fn stream_message(
     gw: &Gateway,
-    msg: pb::ModelInferRequest,
+    (msg, head): (Incoming, Result<MessageHead, GatewayError>),
     (ctx, peer): (
         Result<RpcContext, GatewayError>,
         Option<std::net::SocketAddr>,
@@ -457,14 +508,22 @@ async fn stream_message(
     // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed, with
     // what their decoded inputs take beyond their bytes.
     let mut held = gw.bodies.reserve();
-    let over_budget = held
-        .hold(msg.encoded_len().saturating_add(decoded_extra(&msg)))
-        .err();
+    let (model, id, says_final) = match &head {
+        Ok(h) => (
+            (
+                h.model_name.clone(),
+                Some(h.model_version.clone()).filter(|v| !v.is_empty()),
+            ),
+            h.id.clone(),
+            asks_final_flag(&h.parameters),
+        ),
+        Err(_) => Default::default(),
+    };
+    let decoded = match head {
+        Ok(_) => msg.decode(&mut held).await,
+        Err(e) => Err(e),
+    };
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
-    let model = (
-        msg.model_name.clone(),
-        Some(msg.model_version.clone()).filter(|v| !v.is_empty()),
-    );
     // Armed before the wait for its turn: a message cut off while it waits is counted too.
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
@@ -481,12 +540,8 @@ async fn stream_message(
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = request_id.clone();
     obs.peer = peer;
-    let id = msg.id.clone();
-    let says_final = asks_final_flag(&msg);
     let result = async {
-        if let Some(refused) = over_budget {
-            return Err(refused);
-        }
+        let msg = decoded?;
         let ctx = ctx?;
         let _permit = gw.admit()?;
         infer_one(gw, msg, &ctx, &mut obs).await
@@ -534,9 +589,9 @@ async fn stream_message(
 
 /// Whether a stream's request set `triton_enable_empty_final_response` (a non-bool value is
 /// refused with the request's other parameters).
-fn asks_final_flag(msg: &pb::ModelInferRequest) -> bool {
+fn asks_final_flag(parameters: &HashMap<String, pb::InferParameter>) -> bool {
     matches!(
-        msg.parameters
+        parameters
             .get(ENABLE_EMPTY_FINAL_RESPONSE)
             .and_then(|p| p.parameter_choice.as_ref()),
         Some(pb::infer_parameter::ParameterChoice::BoolParam(true))

@@ -8,9 +8,11 @@
 
 mod body;
 pub mod codec;
+mod decode;
 mod health;
 mod infer;
 mod only_grpc;
+mod raw_stream;
 mod routes;
 mod rpc_log;
 mod statistics;
@@ -161,6 +163,14 @@ fn routes_for(gw: Arc<Gateway>) -> GrpcRoutes {
     )
 }
 
+/// `limits.stream_idle_timeout_ms`, read per stream, so that a reload applies to the
+/// streams opened after it; 0: none.
+fn stream_idle(gw: &Gateway) -> Option<Duration> {
+    Some(gw.config().limits.stream_idle_timeout_ms)
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+}
+
 pub struct GrpcFront {
     gw: Arc<Gateway>,
     /// `limits.max_body_bytes`, for the words of a too-large message's refusal.
@@ -269,19 +279,20 @@ impl GrpcInferenceService for GrpcFront {
 
     type ModelStreamInferStream = BoxStream<pb::ModelStreamInferResponse>;
 
+    /// Served by `raw_stream`, which decodes each message itself; this, tonic's generated
+    /// path, serves the same stream from messages tonic decoded (a client of the service
+    /// without `GrpcRoutes` in front).
     async fn model_stream_infer(
         &self,
         req: Request<tonic::Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        // Read per stream, so that a reload applies to the streams opened after it.
-        let idle = Some(self.gw.config().limits.stream_idle_timeout_ms)
-            .filter(|&ms| ms > 0)
-            .map(Duration::from_millis);
+        use futures_util::StreamExt;
+        let req = req.map(|messages| messages.map(|m| m.map(infer::Incoming::Decoded)));
         Ok(Response::new(infer::stream(
             self.gw.clone(),
             req,
             self.max_message,
-            idle,
+            stream_idle(&self.gw),
         )))
     }
 

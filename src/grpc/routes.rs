@@ -181,8 +181,13 @@ where
                     .counted(held)
                     .message_deadline(timeout)
             });
+            let gw = self.gw.clone();
             Box::pin(async move {
-                let response = svc.oneshot(req).await?;
+                let response = if path == super::infer::STREAM_PATH {
+                    super::raw_stream::model_stream_infer(gw, req, max).await
+                } else {
+                    svc.oneshot(req).await?
+                };
                 Ok(log(named_if_unknown(
                     client_errors_as_such(response, max),
                     &path,

@@ -28,7 +28,7 @@ use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
 use crate::gateway::inflate::{Coding, InflateError};
 use crate::gateway::Gateway;
-use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
+use crate::protocol::grpc::pb;
 
 /// The length-prefixed message's header: a compression flag and a big-endian length.
 const HEADER: usize = 5;
@@ -128,14 +128,7 @@ where
         } else {
             bytes
         };
-        check_fanout(&bytes, INFER_REQUEST_FIELDS)
-            .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
-        // What the decoded inputs take beyond the message counts too: an entry of
-        // bytes_contents is 2 bytes on the wire and 32 once decoded.
-        let decoded = check_contents(&bytes)?;
-        held.hold(bytes.len().saturating_add(decoded))?;
-        pb::ModelInferRequest::decode(bytes)
-            .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
+        super::decode::decode_message(bytes, &mut held).await
     };
     let peer = crate::gateway::observe::PeerAddr::of(&parts.extensions);
     let (result, metadata) = call(&gw, &parts.headers, peer, arrived, read).await;

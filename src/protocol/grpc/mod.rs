@@ -6,6 +6,7 @@
 
 mod contents;
 mod fanout;
+mod head;
 mod params;
 
 use std::collections::HashSet;
@@ -24,6 +25,7 @@ use super::tensor::{
 pub use fanout::{
     check_contents, check_fanout, check_ranks, decoded_extra, INFER_REQUEST_FIELDS, MAX_REPEATED,
 };
+pub use head::MessageHead;
 pub use params::{params_from_proto, params_to_proto, peek_sequence_id};
 
 /// The messages of `proto/inference.proto`, generated at build time.

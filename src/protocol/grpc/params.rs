@@ -42,8 +42,8 @@ fn from_choice(key: &str, p: InferParameter) -> Result<ParamValue> {
 
 /// The `sequence_id` of a request not yet decoded, read as the decoder reads it; `None`
 /// when it has none, or one the decoder will refuse (the wrong type, too long).
-pub fn peek_sequence_id(msg: &super::pb::ModelInferRequest) -> Option<SequenceId> {
-    let p = msg.parameters.get("sequence_id")?;
+pub fn peek_sequence_id(parameters: &HashMap<String, InferParameter>) -> Option<SequenceId> {
+    let p = parameters.get("sequence_id")?;
     match from_choice("sequence_id", p.clone()).ok()? {
         ParamValue::Uint(0) => None,
         ParamValue::Uint(u) => Some(SequenceId::Uint(u)),
