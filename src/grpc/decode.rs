@@ -104,7 +104,7 @@ mod tests {
         let decoded: usize = refused
             .message()
             .split(' ')
-            .nth(4)
+            .nth(5)
             .and_then(|n| n.parse().ok())
             .unwrap();
         assert!(decoded > len + 32 * 300_000, "{refused:?}");
