@@ -346,7 +346,7 @@ async fn content_encodings() {
             (
                 "deflate",
                 (deflate, inflate),
-                "it is not valid deflate (Content-Encoding): corrupt deflate stream",
+                "it is not valid deflate (Content-Encoding): corrupt deflate stream; HTTP's deflate is zlib's format (RFC 1950)",
             ),
         ];
         for (coding, codec, corrupt) in codings {

@@ -1266,7 +1266,7 @@ async fn compressed_bodies_inflate_within_their_limits_and_whole() {
         (status, error(v)),
         (
             400,
-            "cannot read the request body: it is not valid deflate (Content-Encoding): 4 bytes follow the end of the compressed data".into()
+            "cannot read the request body: it is not valid deflate (Content-Encoding): 4 bytes follow the end of the compressed data; HTTP's deflate is zlib's format (RFC 1950)".into()
         )
     );
     gw.shutdown().await;

@@ -7,10 +7,10 @@
 //! `body_read_timeout_ms`). Read first, the wait costs only the compressed bytes.
 //!
 //! Why not on the async threads: a small body can inflate to the largest one allowed, and
-//! inflating hundreds of MiB takes a while. The first `INLINE_OUTPUT` bytes inflate where
+//! inflating hundreds of MiB takes a while. The first `heavy::INLINE_UP_TO` bytes inflate where
 //! the request runs (most compressed bodies are small and end there); past it, the rest
 //! inflates on the blocking pool, so that a bomb does not hold up the requests that share
-//! its thread. It is refused as soon as it passes `max`, without holding what it would
+//! its thread (`heavy`). It is refused as soon as it passes `max`, without holding what it would
 //! become.
 //!
 //! gzip may hold several members (RFC 1952 2.2; `cat a.gz b.gz`), all of which are the
@@ -22,6 +22,7 @@ use bytes::Bytes;
 use flate2::bufread::{GzDecoder, ZlibDecoder};
 
 use super::body_budget::Reservation;
+use super::heavy;
 use crate::error::GatewayError;
 
 /// The codings a body may come in. HTTP's and gRPC's "deflate" is zlib's format (RFC 1950).
@@ -51,8 +52,6 @@ pub enum InflateError {
     Refused(GatewayError),
 }
 
-/// Inflated where the request runs, up to this many bytes; the rest on the blocking pool.
-const INLINE_OUTPUT: usize = 256 << 10;
 const CHUNK: usize = 64 << 10;
 
 /// `compressed`, inflated: at most `max` bytes, counted in `held` as they inflate (with the
@@ -72,18 +71,18 @@ pub async fn inflate(
         return Err(InflateError::Invalid("invalid gzip header".into()));
     }
     let mut inflater = Inflater::new(compressed, coding, max);
-    if inflater.run(held, INLINE_OUTPUT)? {
+    if inflater.run(held, heavy::INLINE_UP_TO)? {
         return inflater.finish(held);
     }
     let mut moved = std::mem::take(held);
-    let (result, back) = tokio::task::spawn_blocking(move || {
+    let (result, back) = heavy::run(usize::MAX, "inflating", move || {
         let result = inflater
             .run(&mut moved, usize::MAX)
             .and_then(|_| inflater.finish(&mut moved));
         (result, moved)
     })
     .await
-    .map_err(|e| InflateError::Refused(GatewayError::Internal(format!("inflating failed: {e}"))))?;
+    .map_err(InflateError::Refused)?;
     *held = back;
     result
 }
@@ -113,6 +112,9 @@ impl Decoder {
                 *self = Decoder::Gzip(GzDecoder::new(rest));
                 Ok(false)
             }
+            [_] => Err(InflateError::Invalid(
+                "1 byte follows the end of the compressed data".into(),
+            )),
             _ => Err(InflateError::Invalid(format!(
                 "{} bytes follow the end of the compressed data",
                 after.len()
@@ -246,6 +248,14 @@ mod tests {
             run(z, Coding::Deflate, 100),
             Err(InflateError::Invalid(
                 "4 bytes follow the end of the compressed data".into()
+            ))
+        );
+        let mut z = zlib(b"data");
+        z.push(0);
+        assert_eq!(
+            run(z, Coding::Deflate, 100),
+            Err(InflateError::Invalid(
+                "1 byte follows the end of the compressed data".into()
             ))
         );
     }

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod body_budget;
 pub mod core;
+pub mod heavy;
 pub mod inflate;
 pub mod labels;
 pub mod layers;

@@ -11,10 +11,8 @@ use prost::Message;
 
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
+use crate::gateway::heavy;
 use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
-
-/// Messages up to this size are decoded where the request runs.
-const DECODE_INLINE_UP_TO: usize = 256 << 10;
 
 /// `bytes`, decoded, with what the decoded message takes held in `held` (which already
 /// holds the bytes).
@@ -22,13 +20,12 @@ pub(super) async fn decode_message(
     bytes: Bytes,
     held: &mut Reservation,
 ) -> Result<pb::ModelInferRequest, GatewayError> {
-    if bytes.len() <= DECODE_INLINE_UP_TO {
-        return decode(bytes, held);
-    }
     let mut moved = std::mem::take(held);
-    let (decoded, back) = tokio::task::spawn_blocking(move || (decode(bytes, &mut moved), moved))
-        .await
-        .map_err(|e| GatewayError::Internal(format!("decoding the request message failed: {e}")))?;
+    let size = bytes.len();
+    let (decoded, back) = heavy::run(size, "decoding the request message", move || {
+        (decode(bytes, &mut moved), moved)
+    })
+    .await?;
     *held = back;
     decoded
 }

@@ -19,6 +19,7 @@ use super::BoxStream;
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol};
+use crate::gateway::heavy;
 use crate::gateway::observe::{
     access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
 };
@@ -191,7 +192,13 @@ async fn infer_one(
     let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
     let (entry, _pending) = core::begin(gw, &model, version.as_deref(), obs)?;
     let decoding = Phase::start();
-    let req = decode_infer_request(msg, &config.limits.protocol())?;
+    // Typed contents are converted element by element: many of them off the async threads.
+    let limits = config.limits.protocol();
+    let typed = decoded_extra(&msg);
+    let req = heavy::run(typed, "decoding the request message", move || {
+        decode_infer_request(msg, &limits)
+    })
+    .await??;
     decoding.end(&mut obs.compute_input);
     let binary_in = req.inputs.iter().map(|t| t.data.len() as u64).sum();
     let context = InferContext {

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Original, Outcome};
 use crate::gateway::observe::{Observation, Phase};
-use crate::gateway::{Gateway, REQUEST_ID};
+use crate::gateway::{heavy, Gateway, REQUEST_ID};
 use crate::headers::{INFERENCE_HEADER_CONTENT_LENGTH, TRACEPARENT};
 use crate::protocol::rest::decode::{decode_request, parse_header_length, RequestBody};
 use crate::protocol::rest::encode::encode_response;
@@ -65,17 +65,32 @@ pub async fn infer(
     let limits = config.limits.protocol();
     // Checked before the body was read (`check_header_length`); the codec reads it too.
     let raw_header = parts.headers.get(&INFERENCE_HEADER_CONTENT_LENGTH);
-    let (req, binary_in) =
-        match decode_request(&body, raw_header.map(HeaderValue::as_bytes), &limits)? {
-            RequestBody::Message(r) => {
-                let binary = header_length.map_or(0, |n| (body.len() - n) as u64);
-                (r, binary)
-            }
-            RequestBody::Raw(data) => (
-                expand_raw(data, &entry.metadata, &limits)?,
-                body.len() as u64,
-            ),
-        };
+    // The JSON part is what costs: a large one is parsed off the async threads (`heavy`); a
+    // small one in place, without the copies the hop needs.
+    let json_size = header_length.unwrap_or(body.len());
+    let decoded = if json_size <= heavy::INLINE_UP_TO {
+        decode_request(&body, raw_header.map(HeaderValue::as_bytes), &limits)?
+    } else {
+        let (body, header, limits) = (
+            body.clone(),
+            raw_header.map(|h| h.as_bytes().to_vec()),
+            limits.clone(),
+        );
+        heavy::run(json_size, "decoding the request", move || {
+            decode_request(&body, header.as_deref(), &limits)
+        })
+        .await??
+    };
+    let (req, binary_in) = match decoded {
+        RequestBody::Message(r) => {
+            let binary = header_length.map_or(0, |n| (body.len() - n) as u64);
+            (r, binary)
+        }
+        RequestBody::Raw(data) => (
+            expand_raw(data, &entry.metadata, &limits)?,
+            body.len() as u64,
+        ),
+    };
     decoding.end(&mut obs.compute_input);
     let ctx = InferContext {
         model,

@@ -460,10 +460,17 @@ async fn inflated(
     inflate(compressed, coding, max, held)
         .await
         .map_err(|e| match e {
-            InflateError::Invalid(why) => Inflated::Other(GatewayError::BadRequest(format!(
-                "cannot read the request body: it is not valid {} (Content-Encoding): {why}",
-                coding.name()
-            ))),
+            InflateError::Invalid(why) => {
+                // Raw deflate data (no zlib header) is the common mistake: say what is meant.
+                let hint = match coding {
+                    Coding::Deflate => "; HTTP's deflate is zlib's format (RFC 1950)",
+                    Coding::Gzip => "",
+                };
+                Inflated::Other(GatewayError::BadRequest(format!(
+                    "cannot read the request body: it is not valid {} (Content-Encoding): {why}{hint}",
+                    coding.name()
+                )))
+            }
             InflateError::TooLarge => Inflated::TooLarge,
             InflateError::Refused(e) => Inflated::Other(e),
         })
