@@ -9,7 +9,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked --quiet
 fi
 export RUSTC_BOOTSTRAP=1
-for target in decode_request decode_response json_data decode_grpc_request config_pbtxt; do
+for target in decode_request decode_response json_data decode_grpc_request config_pbtxt inflate; do
   echo "-- fuzz $target for ${SECONDS_EACH}s"
   # Work on a scratch copy so that new inputs found in CI do not dirty the repository.
   work=$(mktemp -d)

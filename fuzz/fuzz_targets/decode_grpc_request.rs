@@ -5,15 +5,29 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use tensorgate::protocol::grpc::{
-    check_contents, check_fanout, decode_infer_request, decode_infer_request_bytes,
-    encode_infer_request,
+    check_contents, check_fanout, check_ranks, decode_infer_request, decode_infer_request_bytes,
+    decoded_extra, encode_infer_request, pb, MessageHead,
 };
 use tensorgate::protocol::Limits;
 
 fuzz_target!(|data: &[u8]| {
     // The look at the wire bytes the gRPC edge takes first never panics either.
     let _ = check_fanout(data, tensorgate::protocol::grpc::INFER_REQUEST_FIELDS);
-    let contents_ok = check_contents(data).is_ok();
+    let contents = check_contents(data);
+    let contents_ok = contents.is_ok();
+    let _ = check_ranks(data);
+    // A message's head reads what the whole message says of itself, and the size the
+    // early look expects is what the decoded message takes.
+    let head = MessageHead::read(data);
+    if let Ok(msg) = <pb::ModelInferRequest as prost::Message>::decode(data) {
+        assert_eq!(
+            head.expect("a message that decodes has a head"),
+            MessageHead::of(&msg)
+        );
+        if let Ok(extra) = &contents {
+            assert_eq!(*extra, decoded_extra(&msg));
+        }
+    }
     let limits = Limits {
         max_tensor_elements: 1 << 16,
         ..Limits::default()

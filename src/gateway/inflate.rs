@@ -62,15 +62,9 @@ pub async fn inflate(
     max: usize,
     held: &mut Reservation,
 ) -> Result<Bytes, InflateError> {
-    if compressed.is_empty() {
-        // Nothing was sent, so nothing to inflate (some clients mark even empty bodies).
-        return Ok(compressed);
-    }
-    if coding == Coding::Gzip && !compressed.starts_with(&[0x1f, 0x8b]) {
-        // Said at once: the decoder would read a short body as a cut-off header.
-        return Err(InflateError::Invalid("invalid gzip header".into()));
-    }
-    let mut inflater = Inflater::new(compressed, coding, max);
+    let Some(mut inflater) = Inflater::start(compressed, coding, max)? else {
+        return Ok(Bytes::new());
+    };
     if inflater.run(held, heavy::INLINE_UP_TO)? {
         return inflater.finish(held);
     }
@@ -130,7 +124,35 @@ struct Inflater {
     out: Vec<u8>,
 }
 
+/// `compressed`, inflated all at once where it is called (a fuzz target's and a test's way;
+/// requests take `inflate`).
+pub fn inflate_now(
+    compressed: Bytes,
+    coding: Coding,
+    max: usize,
+    held: &mut Reservation,
+) -> Result<Bytes, InflateError> {
+    let Some(mut inflater) = Inflater::start(compressed, coding, max)? else {
+        return Ok(Bytes::new());
+    };
+    inflater.run(held, usize::MAX)?;
+    inflater.finish(held)
+}
+
 impl Inflater {
+    /// `None` for an empty body: nothing was sent, so nothing to inflate (some clients mark
+    /// even empty bodies).
+    fn start(compressed: Bytes, coding: Coding, max: usize) -> Result<Option<Self>, InflateError> {
+        if compressed.is_empty() {
+            return Ok(None);
+        }
+        if coding == Coding::Gzip && !compressed.starts_with(&[0x1f, 0x8b]) {
+            // Said at once: the decoder would read a short body as a cut-off header.
+            return Err(InflateError::Invalid("invalid gzip header".into()));
+        }
+        Ok(Some(Inflater::new(compressed, coding, max)))
+    }
+
     fn new(compressed: Bytes, coding: Coding, max: usize) -> Self {
         let compressed_len = compressed.len();
         let input = Cursor::new(compressed);

@@ -385,7 +385,7 @@ impl Incoming {
                 // First: a map of millions of parameters would be decoded into one.
                 check_fanout(bytes, INFER_REQUEST_FIELDS)
                     .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
-                MessageHead::decode(&bytes[..]).map_err(|e| {
+                MessageHead::read(bytes).map_err(|e| {
                     GatewayError::BadRequest(format!("the request message is not valid: {e}"))
                 })
             }

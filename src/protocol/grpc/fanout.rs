@@ -63,6 +63,35 @@ enum Wire<'a> {
     /// A fixed64 (wire type 1) or fixed32 (5) value.
     Fixed,
     Delimited(&'a [u8]),
+    /// A group (wire types 3 to 4, proto2's): prost steps over one in a field it does not
+    /// know, so the look does too, rather than stop there and miss what follows it.
+    Group,
+}
+
+/// How deep groups may nest: prost's own limit.
+const GROUP_DEPTH: usize = 100;
+
+/// Steps over the rest of a group of field `number`, to its end.
+fn skip_group(bytes: &mut &[u8], number: u64, depth: usize) -> Option<()> {
+    if depth >= GROUP_DEPTH {
+        return None;
+    }
+    loop {
+        let key = varint(bytes)?;
+        match key & 7 {
+            0 => {
+                varint(bytes)?;
+            }
+            1 | 5 => *bytes = bytes.get(if key & 7 == 1 { 8 } else { 4 }..)?,
+            2 => {
+                let n = usize::try_from(varint(bytes)?).ok()?;
+                *bytes = bytes.get(n..)?;
+            }
+            3 => skip_group(bytes, key >> 3, depth + 1)?,
+            4 if key >> 3 == number => return Some(()),
+            _ => return None,
+        }
+    }
 }
 
 /// The fields of a message, in wire order; stops at the first malformed one (the decoder
@@ -82,6 +111,10 @@ fn fields(mut bytes: &[u8]) -> impl Iterator<Item = (u64, Wire<'_>)> {
                 let (value, rest) = (bytes.get(..n)?, bytes.get(n..)?);
                 bytes = rest;
                 Wire::Delimited(value)
+            }
+            3 => {
+                skip_group(&mut bytes, key >> 3, 0)?;
+                Wire::Group
             }
             _ => return None,
         };
@@ -353,6 +386,30 @@ mod tests {
         let refused = "input 'IN': shape has 100000 dimensions; the limit is 64";
         assert_eq!(check_contents(&over).unwrap_err().to_string(), refused);
         assert_eq!(check_ranks(&over).unwrap_err().to_string(), refused);
+    }
+
+    /// A group before the inputs (an unknown field, which prost steps over) hides nothing
+    /// from the look: the inputs after it are still counted.
+    #[test]
+    fn groups_are_stepped_over() {
+        let contents = pb::InferTensorContents {
+            bytes_contents: vec![Default::default(); 1000],
+            ..Default::default()
+        };
+        let plain = request_with(contents, vec![1]);
+        // Field 14 as a group holding a varint and a nested group, then its end.
+        let mut grouped = vec![0x73, 0x08, 0x01, 0x7b, 0x7c, 0x74];
+        grouped.extend_from_slice(&plain);
+        assert!(pb::ModelInferRequest::decode(&grouped[..]).is_ok());
+        assert_eq!(
+            check_contents(&grouped).unwrap_err().to_string(),
+            "input 'IN': shape [1] needs 1 elements, bytes_contents has 1000"
+        );
+        // An end that does not match its start is malformed: the look stops, as prost does.
+        let mut broken = vec![0x73, 0x7c];
+        broken.extend_from_slice(&plain);
+        assert!(pb::ModelInferRequest::decode(&broken[..]).is_err());
+        assert!(check_contents(&broken).is_ok());
     }
 
     #[test]
