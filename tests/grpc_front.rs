@@ -1203,7 +1203,9 @@ type RawFrames =
 /// A ModelInfer over a plain HTTP/2 client (so that only the server acts on `grpc_timeout`),
 /// its body the frames `rx` yields; its status, from the headers or the trailers.
 async fn raw_model_infer(gw: &Running, grpc_timeout: &str, rx: RawFrames) -> tonic::Status {
-    raw_call(gw, "ModelInfer", grpc_timeout, rx).await.0
+    raw_call(gw, "ModelInfer", &[("grpc-timeout", grpc_timeout)], rx)
+        .await
+        .0
 }
 
 /// `rpc` of the inference service the same way; its status and how many bytes of messages
@@ -1211,7 +1213,7 @@ async fn raw_model_infer(gw: &Running, grpc_timeout: &str, rx: RawFrames) -> ton
 async fn raw_call(
     gw: &Running,
     rpc: &str,
-    grpc_timeout: &str,
+    headers: &[(&str, &str)],
     rx: RawFrames,
 ) -> (tonic::Status, usize) {
     let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -1223,10 +1225,12 @@ async fn raw_call(
         gw.grpc_addr.unwrap()
     ))
     .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("grpc-timeout", grpc_timeout)
-    .body(body)
-    .unwrap();
+    .header("te", "trailers");
+    let req = headers
+        .iter()
+        .fold(req, |req, (name, value)| req.header(*name, *value))
+        .body(body)
+        .unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), http2.request(req))
         .await
         .expect("an answer before the client gives up")
@@ -1667,7 +1671,7 @@ async fn a_stream_message_that_stops_arriving_is_cut_off() {
     tx.send(Ok(http_body::Frame::data(Bytes::from(framed))))
         .await
         .unwrap();
-    let (status, answered) = raw_call(&gw, "ModelStreamInfer", "60S", rx).await;
+    let (status, answered) = raw_call(&gw, "ModelStreamInfer", &[], rx).await;
     drop(tx);
     assert_eq!(
         (status.code(), status.message()),
@@ -1679,6 +1683,83 @@ async fn a_stream_message_that_stops_arriving_is_cut_off() {
     assert!(
         answered > 100,
         "the whole message was answered first: {answered} bytes"
+    );
+    assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
+    gw.shutdown().await;
+}
+
+/// A stream's compressed messages are inflated by the gateway, counted and bounded: gzip
+/// and deflate are answered; one that inflates past `limits.max_body_bytes` ends the stream
+/// with RESOURCE_EXHAUSTED, bytes after a message's gzip data with INVALID_ARGUMENT, and
+/// nothing stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_compressed_messages_are_inflated_within_bounds() {
+    use tonic::codec::CompressionEncoding;
+    let (gw, c) = start(config(&[], "[limits]\nmax_body_bytes = 1048576\n")).await;
+    for encoding in [CompressionEncoding::Gzip, CompressionEncoding::Deflate] {
+        let mut c = c.clone().send_compressed(encoding);
+        let got = stream_all(
+            &mut c,
+            vec![simple(&[1; 16], &[2; 16]), simple(&[3; 16], &[4; 16])],
+        )
+        .await;
+        assert_eq!(got.len(), 2, "{encoding:?}");
+        assert!(got.iter().all(|a| a.error_message.is_empty()), "{got:?}");
+    }
+
+    let gzip_frame = |message: &[u8]| {
+        let compressed = crate::common::gzip(message);
+        let mut framed = vec![1u8];
+        framed.extend_from_slice(&(compressed.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&compressed);
+        framed
+    };
+    let running = &gw;
+    let call = |frames: Vec<u8>| async move {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(Ok(http_body::Frame::data(Bytes::from(frames))))
+            .await
+            .unwrap();
+        drop(tx);
+        raw_call(
+            running,
+            "ModelStreamInfer",
+            &[("grpc-encoding", "gzip")],
+            rx,
+        )
+        .await
+    };
+    // A bomb: 2 MiB of zeros in a few KiB, then a good message that is never read.
+    let mut bomb = simple(&[0; 16], &[0; 16]);
+    bomb.raw_input_contents[0] = vec![0u8; 2 << 20].into();
+    let mut frames = gzip_frame(&bomb.encode_to_vec());
+    frames.extend(gzip_frame(&simple(&[1; 16], &[2; 16]).encode_to_vec()));
+    let (status, _) = call(frames).await;
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::ResourceExhausted,
+            "the request message, decompressed, is larger than the limit of 1048576 bytes (limits.max_body_bytes)"
+        )
+    );
+    // A good message, then one with bytes after its gzip data: the first is answered.
+    let mut frames = gzip_frame(&simple(&[1; 16], &[2; 16]).encode_to_vec());
+    let mut junk = crate::common::gzip(&simple(&[1; 16], &[2; 16]).encode_to_vec());
+    junk.extend_from_slice(b"junk");
+    frames.push(1);
+    frames.extend_from_slice(&(junk.len() as u32).to_be_bytes());
+    frames.extend_from_slice(&junk);
+    let (status, answered) = call(frames).await;
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "the request message is not valid: Error decompressing: 4 bytes follow the end of the compressed data, while sending request"
+        )
+    );
+    assert!(
+        answered > 100,
+        "the first message was answered: {answered} bytes"
     );
     assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
     gw.shutdown().await;

@@ -11,6 +11,7 @@ pub mod codec;
 mod decode;
 mod health;
 mod infer;
+mod inflated_messages;
 mod only_grpc;
 mod raw_stream;
 mod routes;

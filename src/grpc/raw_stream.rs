@@ -5,6 +5,8 @@
 //! and with a message that is not a valid request answered alone while the stream goes on.
 //! tonic's decoding ended the stream for such a message, decoded a message of empty entries
 //! to many times the budget (2 GB from 117 KB of gzip), and did it on the async threads.
+//! Compressed messages are inflated before tonic sees them, by `inflated_messages`, for the
+//! same reasons.
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ use tonic::Status;
 use tonic_prost::{ProstCodec, ProstEncoder};
 
 use super::infer::Incoming;
+use super::inflated_messages::{coding_of, InflatedMessages};
 use super::BoxStream;
 use crate::body::BoxError;
 use crate::gateway::Gateway;
@@ -81,9 +84,12 @@ pub(super) async fn model_stream_infer<B>(
     max_message: usize,
 ) -> Response<Body>
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send,
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static,
 {
+    // Compressed messages are inflated before tonic sees them (`inflated_messages`).
+    let coding = coding_of(req.headers());
+    let budget = gw.bodies.clone();
+    let req = req.map(|b| InflatedMessages::new(b, coding, max_message, budget));
     let mut grpc = tonic::server::Grpc::new(BytesIn)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Deflate)
