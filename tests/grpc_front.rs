@@ -1643,7 +1643,7 @@ async fn shapes_and_contents_count_as_they_will_be_decoded() {
         got[4].error_message,
         "'outputs' (field 6) of the message repeats more than 4096 times"
     );
-    assert_eq!(got[4].infer_response.as_ref().unwrap().id, "");
+    assert_eq!(got[4].infer_response.as_ref().unwrap().id, "outputs");
     assert_eq!(got[5].error_message, "");
     assert_eq!(got[0].error_message, too_wide);
     assert_eq!(got[0].infer_response.as_ref().unwrap().id, "wide");

@@ -377,16 +377,20 @@ pub enum Incoming {
 
 impl Incoming {
     /// What the message says of itself before its inputs are decoded; an error is that
-    /// message's alone.
-    fn head(&self) -> Result<MessageHead, GatewayError> {
+    /// message's alone, answered with what could be read of its head.
+    fn head(&self) -> Result<MessageHead, (GatewayError, MessageHead)> {
         match self {
             Incoming::Decoded(msg) => Ok(MessageHead::of(msg)),
             Incoming::Raw(bytes) => {
                 // First: a map of millions of parameters would be decoded into one.
-                check_fanout(bytes, INFER_REQUEST_FIELDS)
-                    .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
+                check_fanout(bytes, INFER_REQUEST_FIELDS).map_err(|e| {
+                    let refused = GatewayError::PayloadTooLarge(e.message().to_string());
+                    (refused, MessageHead::names_only(bytes))
+                })?;
                 MessageHead::read(bytes).map_err(|e| {
-                    GatewayError::BadRequest(format!("the request message is not valid: {e}"))
+                    let refused =
+                        GatewayError::BadRequest(format!("the request message is not valid: {e}"));
+                    (refused, MessageHead::default())
                 })
             }
         }
@@ -503,7 +507,7 @@ where
 /// sequence): an error answers that message alone, and the stream goes on.
 async fn stream_message(
     gw: &Gateway,
-    (msg, head): (Incoming, Result<MessageHead, GatewayError>),
+    (msg, head): (Incoming, Result<MessageHead, (GatewayError, MessageHead)>),
     (ctx, peer): (
         Result<RpcContext, GatewayError>,
         Option<std::net::SocketAddr>,
@@ -515,20 +519,18 @@ async fn stream_message(
     // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed, with
     // what their decoded inputs take beyond their bytes.
     let mut held = gw.bodies.reserve();
-    let (model, id, says_final) = match &head {
-        Ok(h) => (
-            (
-                h.model_name.clone(),
-                Some(h.model_version.clone()).filter(|v| !v.is_empty()),
-            ),
-            h.id.clone(),
-            asks_final_flag(&h.parameters),
-        ),
-        Err(_) => Default::default(),
+    let (h, refused) = match head {
+        Ok(h) => (h, None),
+        Err((e, h)) => (h, Some(e)),
     };
-    let decoded = match head {
-        Ok(_) => msg.decode(&mut held).await,
-        Err(e) => Err(e),
+    let model = (
+        h.model_name.clone(),
+        Some(h.model_version.clone()).filter(|v| !v.is_empty()),
+    );
+    let (id, says_final) = (h.id.clone(), asks_final_flag(&h.parameters));
+    let decoded = match refused {
+        None => msg.decode(&mut held).await,
+        Some(e) => Err(e),
     };
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     // Armed before the wait for its turn: a message cut off while it waits is counted too.

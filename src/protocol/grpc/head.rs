@@ -21,10 +21,34 @@ pub struct MessageHead {
     pub parameters: HashMap<String, pb::InferParameter>,
 }
 
+/// Fields 1 to 3 alone: what a message whose parameters may not be read says of itself.
+#[derive(Clone, PartialEq, prost::Message)]
+struct MessageNames {
+    #[prost(string, tag = "1")]
+    model_name: String,
+    #[prost(string, tag = "2")]
+    model_version: String,
+    #[prost(string, tag = "3")]
+    id: String,
+}
+
 impl MessageHead {
     /// The head of an encoded `ModelInferRequest`; its inputs are stepped over, not read.
     pub fn read(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
         <Self as prost::Message>::decode(bytes)
+    }
+
+    /// The model and id of a message refused before its head could be read (a field
+    /// repeated past the limit, parameters among them): what its answer names. Empty where
+    /// even those cannot be read.
+    pub fn names_only(bytes: &[u8]) -> Self {
+        let names = <MessageNames as prost::Message>::decode(bytes).unwrap_or_default();
+        MessageHead {
+            model_name: names.model_name,
+            model_version: names.model_version,
+            id: names.id,
+            parameters: HashMap::new(),
+        }
     }
 
     /// The head of a message already decoded.
@@ -66,5 +90,12 @@ mod tests {
         };
         let head = MessageHead::read(&msg.encode_to_vec()).unwrap();
         assert_eq!(head, MessageHead::of(&msg));
+        let names = MessageHead::names_only(&msg.encode_to_vec());
+        assert_eq!(
+            (names.model_name.as_str(), names.id.as_str()),
+            ("m", "req-7")
+        );
+        assert!(names.parameters.is_empty());
+        assert_eq!(MessageHead::names_only(&[0xff]), MessageHead::default());
     }
 }
