@@ -378,20 +378,22 @@ pub enum Incoming {
 impl Incoming {
     /// What the message says of itself before its inputs are decoded; an error is that
     /// message's alone, answered with what could be read of its head.
-    fn head(&self) -> Result<MessageHead, (GatewayError, MessageHead)> {
-        match self {
-            Incoming::Decoded(msg) => Ok(MessageHead::of(msg)),
-            Incoming::Raw(bytes) => {
-                // First: a map of millions of parameters would be decoded into one.
-                check_fanout(bytes, INFER_REQUEST_FIELDS).map_err(|e| {
-                    let refused = GatewayError::PayloadTooLarge(e.message().to_string());
-                    (refused, MessageHead::names_only(bytes))
-                })?;
-                MessageHead::read(bytes).map_err(|e| {
-                    let refused =
-                        GatewayError::BadRequest(format!("the request message is not valid: {e}"));
-                    (refused, MessageHead::default())
-                })
+    fn head(&self) -> (MessageHead, Option<GatewayError>) {
+        let bytes = match self {
+            Incoming::Decoded(msg) => return (MessageHead::of(msg), None),
+            Incoming::Raw(bytes) => bytes,
+        };
+        // First: a map of millions of parameters would be decoded into one.
+        if let Err(e) = check_fanout(bytes, INFER_REQUEST_FIELDS) {
+            let refused = GatewayError::PayloadTooLarge(e.message().to_string());
+            return (MessageHead::names_only(bytes), Some(refused));
+        }
+        match MessageHead::read(bytes) {
+            Ok(head) => (head, None),
+            Err(e) => {
+                let refused =
+                    GatewayError::BadRequest(format!("the request message is not valid: {e}"));
+                (MessageHead::default(), Some(refused))
             }
         }
     }
@@ -462,8 +464,8 @@ where
             let head = m.as_ref().ok().map(Incoming::head);
             let turn = head
                 .as_ref()
-                .and_then(|h| h.as_ref().ok())
-                .and_then(sequence_key)
+                .filter(|(_, refused)| refused.is_none())
+                .and_then(|(h, _)| sequence_key(h))
                 .map(|k| order.enter(k));
             async move {
                 // A message that could not be read as a message (too large, a broken frame)
@@ -507,7 +509,7 @@ where
 /// sequence): an error answers that message alone, and the stream goes on.
 async fn stream_message(
     gw: &Gateway,
-    (msg, head): (Incoming, Result<MessageHead, (GatewayError, MessageHead)>),
+    (msg, (h, refused)): (Incoming, (MessageHead, Option<GatewayError>)),
     (ctx, peer): (
         Result<RpcContext, GatewayError>,
         Option<std::net::SocketAddr>,
@@ -519,10 +521,6 @@ async fn stream_message(
     // `STREAM_CONCURRENCY` of a stream's messages, inflated if they came compressed, with
     // what their decoded inputs take beyond their bytes.
     let mut held = gw.bodies.reserve();
-    let (h, refused) = match head {
-        Ok(h) => (h, None),
-        Err((e, h)) => (h, Some(e)),
-    };
     let model = (
         h.model_name.clone(),
         Some(h.model_version.clone()).filter(|v| !v.is_empty()),
