@@ -162,10 +162,11 @@ pub fn check_contents(bytes: &[u8]) -> Result<usize> {
     Ok(decoded)
 }
 
-/// Only the rank check of `check_contents`, for a stream's decoder: there a decoding error
-/// ends the whole stream, which a message whose contents contradict its shape should not
-/// (the stream's handler refuses that message alone), but a shape whose dimensions would
-/// cost eight times their wire bytes is not decoded at all.
+/// Only the rank check of `check_contents`, for tonic's codec (the generated service's
+/// path; the gateway's own stream path decodes with `check_contents`): there a decoding error
+/// ends the whole stream, which a message whose contents contradict its shape should not,
+/// but a shape whose dimensions would cost eight times their wire bytes is not decoded at
+/// all.
 pub fn check_ranks(bytes: &[u8]) -> Result<()> {
     for (field, value) in fields(bytes) {
         if let (5, Wire::Delimited(input)) = (field, value) {
