@@ -256,30 +256,26 @@ mod tests {
 
     #[test]
     fn bytes_after_the_stream_are_refused() {
-        let mut gz = gzip(b"data");
-        gz.extend_from_slice(b"junk");
-        assert_eq!(
-            run(gz, Coding::Gzip, 100),
-            Err(InflateError::Invalid(
-                "4 bytes follow the end of the compressed data".into()
-            ))
-        );
-        let mut z = zlib(b"data");
-        z.extend_from_slice(b"junk");
-        assert_eq!(
-            run(z, Coding::Deflate, 100),
-            Err(InflateError::Invalid(
-                "4 bytes follow the end of the compressed data".into()
-            ))
-        );
-        let mut z = zlib(b"data");
-        z.push(0);
-        assert_eq!(
-            run(z, Coding::Deflate, 100),
-            Err(InflateError::Invalid(
-                "1 byte follows the end of the compressed data".into()
-            ))
-        );
+        let with = |mut body: Vec<u8>, after: &[u8]| {
+            body.extend_from_slice(after);
+            body
+        };
+        for (body, coding, said) in [
+            (with(gzip(b"data"), b"junk"), Coding::Gzip, "4 bytes follow"),
+            (
+                with(zlib(b"data"), b"junk"),
+                Coding::Deflate,
+                "4 bytes follow",
+            ),
+            (with(zlib(b"data"), &[0]), Coding::Deflate, "1 byte follows"),
+        ] {
+            assert_eq!(
+                run(body, coding, 100),
+                Err(InflateError::Invalid(format!(
+                    "{said} the end of the compressed data"
+                )))
+            );
+        }
     }
 
     #[test]

@@ -9,10 +9,47 @@
 use bytes::Bytes;
 use prost::Message;
 
+use super::routes::message_too_large;
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
 use crate::gateway::heavy;
+use crate::gateway::inflate::{inflate, Coding, InflateError};
 use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
+
+/// A call's `grpc-encoding` that is not inflated here: tonic refuses its compressed messages.
+#[derive(Debug, PartialEq)]
+pub(super) struct OtherCoding;
+
+/// A call's message coding (`grpc-encoding`): none (identity), or gzip or deflate, which the
+/// gateway inflates itself. gRPC's "deflate" is zlib's format, as HTTP's is.
+pub(super) fn message_coding(headers: &http::HeaderMap) -> Result<Option<Coding>, OtherCoding> {
+    match headers.get("grpc-encoding").map(|v| v.as_bytes()) {
+        None | Some(b"identity") => Ok(None),
+        Some(b"gzip") => Ok(Some(Coding::Gzip)),
+        Some(b"deflate") => Ok(Some(Coding::Deflate)),
+        Some(_) => Err(OtherCoding),
+    }
+}
+
+/// A compressed message as it was before compression, at most `max` bytes of it, counted in
+/// `held` as it inflates (`gateway::inflate` says where and how): for unary calls and
+/// stream messages alike.
+pub(super) async fn inflate_message(
+    bytes: Bytes,
+    coding: Coding,
+    max: usize,
+    held: &mut Reservation,
+) -> Result<Bytes, GatewayError> {
+    inflate(bytes, coding, max, held)
+        .await
+        .map_err(|e| match e {
+            InflateError::Invalid(why) => GatewayError::BadRequest(format!(
+            "the request message is not valid: Error decompressing: {why}, while sending request"
+        )),
+            InflateError::TooLarge => GatewayError::PayloadTooLarge(message_too_large(max, true)),
+            InflateError::Refused(e) => e,
+        })
+}
 
 /// `bytes`, decoded, with what the decoded message takes held in `held` (which already
 /// holds the bytes).

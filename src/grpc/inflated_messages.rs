@@ -19,10 +19,11 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tonic::Status;
 
+use super::decode::inflate_message;
 use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::gateway::body_budget::BodyBudget;
-use crate::gateway::inflate::{inflate, Coding, InflateError};
+use crate::gateway::inflate::Coding;
 
 const HEADER: usize = 5;
 
@@ -63,15 +64,6 @@ impl<B> InflatedMessages<B> {
             inflating: None,
             next: None,
         }
-    }
-}
-
-/// The call's message coding, where this inflates it.
-pub fn coding_of(headers: &http::HeaderMap) -> Option<Coding> {
-    match headers.get("grpc-encoding").map(|v| v.as_bytes()) {
-        Some(b"gzip") => Some(Coding::Gzip),
-        Some(b"deflate") => Some(Coding::Deflate),
-        _ => None,
     }
 }
 
@@ -124,17 +116,9 @@ where
                 let (budget, max) = (this.budget.clone(), *this.max_message);
                 *this.inflating = Some(Box::pin(async move {
                     let mut held = budget.reserve();
-                    let inflated = inflate(message.slice(HEADER..), coding, max, &mut held)
+                    let inflated = inflate_message(message.slice(HEADER..), coding, max, &mut held)
                         .await
-                        .map_err(|e| match e {
-                            InflateError::Invalid(why) => Status::invalid_argument(format!(
-                                "the request message is not valid: Error decompressing: {why}, while sending request"
-                            )),
-                            InflateError::TooLarge => {
-                                Status::resource_exhausted(message_too_large(max, true))
-                            }
-                            InflateError::Refused(e) => e.to_grpc(),
-                        })?;
+                        .map_err(|e| e.to_grpc())?;
                     let len = u32::try_from(inflated.len()).map_err(|_| {
                         Status::resource_exhausted(message_too_large(u32::MAX as usize, true))
                     })?;

@@ -18,8 +18,9 @@ use tonic::codec::{BufferSettings, Codec, CompressionEncoding, DecodeBuf, Decode
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstEncoder};
 
+use super::decode::message_coding;
 use super::infer::Incoming;
-use super::inflated_messages::{coding_of, InflatedMessages};
+use super::inflated_messages::InflatedMessages;
 use super::BoxStream;
 use crate::body::BoxError;
 use crate::gateway::Gateway;
@@ -87,7 +88,7 @@ where
     B: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static,
 {
     // Compressed messages are inflated before tonic sees them (`inflated_messages`).
-    let coding = coding_of(req.headers());
+    let coding = message_coding(req.headers()).unwrap_or(None);
     let budget = gw.bodies.clone();
     let req = req.map(|b| InflatedMessages::new(b, coding, max_message, budget));
     let mut grpc = tonic::server::Grpc::new(BytesIn)

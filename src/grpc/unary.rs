@@ -21,12 +21,12 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use prost::Message;
 use tonic::body::Body;
 
+use super::decode::{inflate_message, message_coding};
 use super::infer::{call, parse_grpc_timeout, INFER_PATH};
 use super::routes::message_too_large;
 use crate::body::BoxError;
 use crate::error::GatewayError;
 use crate::gateway::body_budget::Reservation;
-use crate::gateway::inflate::{Coding, InflateError};
 use crate::gateway::Gateway;
 use crate::protocol::grpc::pb;
 
@@ -35,56 +35,10 @@ const HEADER: usize = 5;
 /// `raw_output_contents`, field 6 of `ModelInferResponse`.
 const RAW_OUTPUT_FIELD: u32 = 6;
 
-/// The request's message compression (`grpc-encoding`), where this path can read it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Encoding {
-    Identity,
-    Gzip,
-    /// gRPC's "deflate" is zlib's format, as HTTP's is.
-    Deflate,
-}
-
-fn encoding<B>(req: &Request<B>) -> Option<Encoding> {
-    match req
-        .headers()
-        .get("grpc-encoding")
-        .map(HeaderValue::as_bytes)
-    {
-        None | Some(b"identity") => Some(Encoding::Identity),
-        Some(b"gzip") => Some(Encoding::Gzip),
-        Some(b"deflate") => Some(Encoding::Deflate),
-        Some(_) => None,
-    }
-}
-
 /// Whether this path serves the request: ModelInfer, in an encoding it reads (tonic's
 /// service answers the others, UNIMPLEMENTED naming what it accepts).
 pub(super) fn handles<B>(req: &Request<B>) -> bool {
-    req.uri().path() == INFER_PATH && encoding(req).is_some()
-}
-
-/// The message as it was before compression, at most `max` bytes of it, counted in `held`
-/// as it inflates (`crate::gateway::inflate` says where and how).
-async fn inflate(
-    bytes: Bytes,
-    encoding: Encoding,
-    max: usize,
-    held: &mut Reservation,
-) -> Result<Bytes, GatewayError> {
-    let coding = match encoding {
-        Encoding::Identity => return Ok(bytes),
-        Encoding::Gzip => Coding::Gzip,
-        Encoding::Deflate => Coding::Deflate,
-    };
-    crate::gateway::inflate::inflate(bytes, coding, max, held)
-        .await
-        .map_err(|e| match e {
-            InflateError::Invalid(why) => not_valid(&format!(
-                "Error decompressing: {why}, while sending request"
-            )),
-            InflateError::TooLarge => GatewayError::PayloadTooLarge(message_too_large(max, true)),
-            InflateError::Refused(e) => e,
-        })
+    req.uri().path() == INFER_PATH && message_coding(req.headers()).is_ok()
 }
 
 /// The whole call: read, infer, answer. `max`: `limits.max_body_bytes`.
@@ -94,7 +48,7 @@ where
     B::Error: Into<BoxError>,
 {
     let arrived = tokio::time::Instant::now();
-    let encoding = encoding(&req).unwrap_or(Encoding::Identity);
+    let coding = message_coding(req.headers()).unwrap_or(None);
     let (parts, body) = req.into_parts();
     // The call's own deadline bounds the wait for its message too (an invalid grpc-timeout
     // is answered once the message is read, with the rest of the metadata).
@@ -104,7 +58,7 @@ where
         .and_then(|v| parse_grpc_timeout(v.as_bytes()));
     // The message counts against the budget for bodies until its answer is ready.
     let mut held = gw.bodies.reserve();
-    let read = read_message(body, max, encoding != Encoding::Identity, &mut held);
+    let read = read_message(body, max, coding.is_some(), &mut held);
     let read = match deadline {
         None => read.await,
         Some(wait) => tokio::time::timeout(wait, read).await.unwrap_or_else(|_| {
@@ -123,10 +77,9 @@ where
     };
     let read = async {
         let (compressed, bytes) = bytes?;
-        let bytes = if compressed {
-            inflate(bytes, encoding, max, &mut held).await?
-        } else {
-            bytes
+        let bytes = match coding.filter(|_| compressed) {
+            Some(coding) => inflate_message(bytes, coding, max, &mut held).await?,
+            None => bytes,
         };
         super::decode::decode_message(bytes, &mut held).await
     };
@@ -325,6 +278,7 @@ fn answer_chunks(mut msg: pb::ModelInferResponse) -> Result<Vec<Bytes>, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::inflate::Coding;
     use crate::protocol::grpc::pb::model_infer_response::InferOutputTensor;
     use futures_util::FutureExt;
 
@@ -435,27 +389,26 @@ mod tests {
         }
     }
 
-    fn compress(encoding: Encoding, data: &[u8]) -> Bytes {
+    fn compress(coding: Coding, data: &[u8]) -> Bytes {
         use std::io::Write;
         let mut out = Vec::new();
-        match encoding {
-            Encoding::Gzip => {
+        match coding {
+            Coding::Gzip => {
                 let mut e = flate2::write::GzEncoder::new(&mut out, flate2::Compression::best());
                 e.write_all(data).unwrap();
                 e.finish().unwrap();
             }
-            Encoding::Deflate => {
+            Coding::Deflate => {
                 let mut e = flate2::write::ZlibEncoder::new(&mut out, flate2::Compression::best());
                 e.write_all(data).unwrap();
                 e.finish().unwrap();
             }
-            Encoding::Identity => out.extend_from_slice(data),
         }
         Bytes::from(out)
     }
 
-    fn inflated(encoding: Encoding, data: Bytes, max: usize) -> Result<Bytes, String> {
-        inflate(data, encoding, max, &mut Reservation::default())
+    fn inflated(coding: Coding, data: Bytes, max: usize) -> Result<Bytes, String> {
+        inflate_message(data, coding, max, &mut Reservation::default())
             .now_or_never()
             .expect("inline for small messages")
             .map_err(|e| format!("{:?} {}", e.grpc_code(), e.message()))
@@ -467,7 +420,7 @@ mod tests {
     #[test]
     fn compressed_messages_inflate_within_the_limit() {
         let message = b"a request message".repeat(10);
-        for encoding in [Encoding::Gzip, Encoding::Deflate] {
+        for encoding in [Coding::Gzip, Coding::Deflate] {
             let wire = compress(encoding, &message);
             assert_eq!(inflated(encoding, wire, 1000).unwrap(), &message[..]);
             let bomb = compress(encoding, &vec![0u8; 1 << 20]);
@@ -493,8 +446,8 @@ mod tests {
     async fn a_large_compressed_message_inflates_off_the_runtime_thread() {
         let mut rng = fastrand::Rng::with_seed(7);
         let message: Vec<u8> = (0..1_000_000).map(|_| rng.u8(..)).collect();
-        let wire = compress(Encoding::Gzip, &message);
-        let inflated = inflate(wire, Encoding::Gzip, 1 << 20, &mut Reservation::default())
+        let wire = compress(Coding::Gzip, &message);
+        let inflated = inflate_message(wire, Coding::Gzip, 1 << 20, &mut Reservation::default())
             .await
             .unwrap();
         assert_eq!(inflated, &message[..]);
@@ -511,12 +464,12 @@ mod tests {
         let budget = BodyBudget::new(1 << 20, gauge.clone());
         let mut rng = fastrand::Rng::with_seed(7);
         let message: Vec<u8> = (0..200_000).map(|_| rng.u8(..)).collect();
-        let wire = compress(Encoding::Gzip, &message);
+        let wire = compress(Coding::Gzip, &message);
         // Another body holds 700 KB: 200 KB compressed and 200 KB inflated do not fit.
         let mut other = budget.reserve();
         other.hold(700_000).unwrap();
         let mut held = budget.reserve();
-        let refused = inflate(wire.clone(), Encoding::Gzip, 1 << 20, &mut held)
+        let refused = inflate_message(wire.clone(), Coding::Gzip, 1 << 20, &mut held)
             .await
             .unwrap_err();
         assert_eq!(
@@ -531,7 +484,7 @@ mod tests {
 
         drop(other);
         let mut held = budget.reserve();
-        let inflated = inflate(wire, Encoding::Gzip, 1 << 20, &mut held)
+        let inflated = inflate_message(wire, Coding::Gzip, 1 << 20, &mut held)
             .await
             .unwrap();
         assert_eq!(inflated.len(), 200_000);

@@ -390,16 +390,7 @@ where
     let Some(coding) = coding else {
         return Ok((parts, body, header_length));
     };
-    let body = inflated(body, coding, limit.max(), held)
-        .await
-        .map_err(|e| match e {
-            Inflated::TooLarge => GatewayError::PayloadTooLarge(format!(
-                "the request body inflates to more than {} bytes ({})",
-                limit.max(),
-                limit.name()
-            )),
-            Inflated::Other(e) => e,
-        })?;
+    let body = inflated(body, coding, limit, held).await?;
     Ok((parts, body, header_length))
 }
 
@@ -444,20 +435,14 @@ impl Limit {
     }
 }
 
-/// Why a compressed body did not inflate.
-enum Inflated {
-    /// Past the limit the caller gave, which words it.
-    TooLarge,
-    Other(GatewayError),
-}
-
+/// A compressed body, inflated within `limit`, with the words of each refusal.
 async fn inflated(
     compressed: Bytes,
     coding: Coding,
-    max: usize,
+    limit: Limit,
     held: &mut Reservation,
-) -> Result<Bytes, Inflated> {
-    inflate(compressed, coding, max, held)
+) -> Result<Bytes, GatewayError> {
+    inflate(compressed, coding, limit.max(), held)
         .await
         .map_err(|e| match e {
             InflateError::Invalid(why) => {
@@ -466,13 +451,17 @@ async fn inflated(
                     Coding::Deflate => "; HTTP's deflate is zlib's format (RFC 1950)",
                     Coding::Gzip => "",
                 };
-                Inflated::Other(GatewayError::BadRequest(format!(
+                GatewayError::BadRequest(format!(
                     "cannot read the request body: it is not valid {} (Content-Encoding): {why}{hint}",
                     coding.name()
-                )))
+                ))
             }
-            InflateError::TooLarge => Inflated::TooLarge,
-            InflateError::Refused(e) => Inflated::Other(e),
+            InflateError::TooLarge => GatewayError::PayloadTooLarge(format!(
+                "the request body inflates to more than {} bytes ({})",
+                limit.max(),
+                limit.name()
+            )),
+            InflateError::Refused(e) => e,
         })
 }
 
@@ -527,21 +516,18 @@ where
         ))
     };
     let limit = Limit::Body(CONTROL_BODY_LIMIT);
-    let bytes = read_in_time(&gw.config(), req.into_body(), limit, &mut held)
-        .await
-        .map_err(|e| match e {
-            GatewayError::PayloadTooLarge(_) => too_large(),
-            other => other,
-        })?;
-    let bytes = match coding {
-        None => bytes,
-        Some(coding) => inflated(bytes, coding, CONTROL_BODY_LIMIT, &mut held)
-            .await
-            .map_err(|e| match e {
-                Inflated::TooLarge => too_large(),
-                Inflated::Other(e) => e,
-            })?,
+    let read = async {
+        let bytes = read_in_time(&gw.config(), req.into_body(), limit, &mut held).await?;
+        match coding {
+            None => Ok(bytes),
+            Some(coding) => inflated(bytes, coding, limit, &mut held).await,
+        }
     };
+    // Sent or inflated, past the limit: one refusal, in this request's words.
+    let bytes = read.await.map_err(|e| match e {
+        GatewayError::PayloadTooLarge(_) => too_large(),
+        other => other,
+    })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
