@@ -2,6 +2,7 @@
 //! See docs/ARCHITECTURE.md for the path of a request and which module may use which.
 
 pub mod body;
+pub mod body_budget;
 pub mod config;
 pub mod error;
 pub mod fleet;

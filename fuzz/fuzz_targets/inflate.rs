@@ -6,7 +6,7 @@ use std::io::Read;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tensorgate::gateway::body_budget::Reservation;
+use tensorgate::body_budget::Reservation;
 use tensorgate::gateway::inflate::{inflate_now, Coding};
 
 const MAX: usize = 1 << 20;

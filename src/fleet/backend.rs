@@ -8,6 +8,7 @@ use super::pool::BackendBody;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
+use crate::body_budget::Reservation;
 use crate::protocol::rest::encode::EncodedBody;
 use crate::protocol::{InferRequest, InferResponse, ModelMetadata, ServerMetadata, Tolerance};
 
@@ -186,6 +187,9 @@ pub struct InferCall<'a> {
     pub payload: Payload,
     /// Extra headers to send (trace context).
     pub headers: HeaderMap,
+    /// The request's part of the budget for bodies: work that goes on after the request is
+    /// cancelled or times out (a built-in model's run) holds it until it ends.
+    pub held: Reservation,
 }
 
 /// The parts of a backend's model configuration the gateway's own repeats.

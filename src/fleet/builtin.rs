@@ -282,7 +282,12 @@ impl Backend for BuiltinBackend {
                         .await
                         .map_err(|_| BackendError::Broken("the model was unloaded".into()))?;
                     let model = slot.model.clone();
+                    // The run goes on if the request is cancelled or times out: it keeps
+                    // its model's permit (or one request's deadline could start runs past
+                    // the model's instances) and its part of the budget for bodies.
+                    let held = call.held;
                     let (outputs, req, ran) = tokio::task::spawn_blocking(move || {
+                        let (_permit, _held) = (_permit, held);
                         let running = Instant::now();
                         let outputs = model.infer_version(version.as_deref(), &req);
                         (outputs, req, running.elapsed())
@@ -454,6 +459,7 @@ mod tests {
                 outputs: None,
             }),
             headers: Default::default(),
+            held: Default::default(),
         }
     }
 
@@ -524,5 +530,70 @@ mod tests {
         let (shorter, longer) = (a.min(b), a.max(b));
         assert!(longer >= RUN && longer < 2 * RUN, "{a:?} {b:?}");
         assert!(shorter < RUN, "{a:?} {b:?}");
+    }
+
+    /// A one-instance model whose run begins, says so, and waits to be let go.
+    struct Gated {
+        metadata: ModelMetadata,
+        started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl Model for Gated {
+        fn metadata(&self) -> &ModelMetadata {
+            &self.metadata
+        }
+        fn instances(&self) -> Option<usize> {
+            Some(1)
+        }
+        fn infer(&self, _: &InferRequest) -> Result<Vec<Tensor>, ModelError> {
+            self.started.lock().unwrap().send(()).unwrap();
+            let released = self.release.lock().unwrap();
+            released.recv_timeout(Duration::from_secs(10)).unwrap();
+            Ok(vec![])
+        }
+    }
+
+    /// A run whose request is cancelled (a client gone, a deadline passed) goes on, and
+    /// keeps its model's instance and the request's part of the budget for bodies until it
+    /// ends: had they been given back with the request, another run could start beside it
+    /// and cancelled requests could hold memory past the budget.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_cancelled_run_keeps_its_instance_and_its_budget_until_it_ends() {
+        use crate::body_budget::BodyBudget;
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let backend = one_model(
+            "gated",
+            Gated {
+                metadata: crate::models::metadata("gated", vec![], vec![]),
+                started: started_tx.into(),
+                release: release_rx.into(),
+            },
+        );
+        let permits = backend.models.load()["gated"].permits.clone().unwrap();
+        let gauge = prometheus::IntGauge::new("held", "held").unwrap();
+        let budget = BodyBudget::new(100, gauge.clone());
+        let mut held = budget.reserve();
+        held.hold(60).unwrap();
+        let mut cancelled = call("gated");
+        cancelled.held = held.keep();
+        tokio::select! {
+            _ = backend.infer(cancelled) => unreachable!("the run waits to be let go"),
+            _ = tokio::task::spawn_blocking(move || started.recv().unwrap()) => {}
+        }
+        drop(held);
+        assert_eq!(permits.available_permits(), 0);
+        assert_eq!(gauge.get(), 60);
+        release.send(()).unwrap();
+        // Both given back once the run has ended (bounded: 10 s).
+        for _ in 0..1000 {
+            if permits.available_permits() == 1 && gauge.get() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(permits.available_permits(), 1);
+        assert_eq!(gauge.get(), 0);
     }
 }

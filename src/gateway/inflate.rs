@@ -21,8 +21,8 @@ use std::io::{BufRead, Cursor, Read};
 use bytes::Bytes;
 use flate2::bufread::{GzDecoder, ZlibDecoder};
 
-use super::body_budget::Reservation;
 use super::heavy;
+use crate::body_budget::Reservation;
 use crate::error::GatewayError;
 
 /// The codings a body may come in. HTTP's and gRPC's "deflate" is zlib's format (RFC 1950).
@@ -68,17 +68,13 @@ pub async fn inflate(
     if inflater.run(held, heavy::INLINE_UP_TO)? {
         return inflater.finish(held);
     }
-    let mut moved = std::mem::take(held);
-    let (result, back) = heavy::run(usize::MAX, "inflating", move || {
-        let result = inflater
-            .run(&mut moved, usize::MAX)
-            .and_then(|_| inflater.finish(&mut moved));
-        (result, moved)
+    heavy::run(usize::MAX, "inflating", held, move |held| {
+        inflater
+            .run(held, usize::MAX)
+            .and_then(|_| inflater.finish(held))
     })
     .await
-    .map_err(InflateError::Refused)?;
-    *held = back;
-    result
+    .map_err(InflateError::Refused)?
 }
 
 enum Decoder {
@@ -210,7 +206,7 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::gateway::body_budget::BodyBudget;
+    use crate::body_budget::BodyBudget;
 
     fn gzip(data: &[u8]) -> Vec<u8> {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

@@ -3,7 +3,6 @@
 //! REST (`crate::rest`) and gRPC (`crate::grpc`) edges sit on top of it.
 
 pub mod auth;
-pub mod body_budget;
 pub mod core;
 pub mod heavy;
 pub mod inflate;
@@ -50,7 +49,7 @@ pub struct Gateway {
     permits: Arc<tokio::sync::Semaphore>,
     max_concurrent: usize,
     /// Request bodies held in memory, across all requests.
-    pub bodies: Arc<body_budget::BodyBudget>,
+    pub bodies: Arc<crate::body_budget::BodyBudget>,
     /// Serializes reloads and DNS rediscoveries: each reconciles the fleet with a config and
     /// must not interleave with another, or an older config could be applied last.
     reload_lock: tokio::sync::Mutex<()>,
@@ -104,14 +103,15 @@ impl Gateway {
         fleet: Arc<Fleet>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
-        let limit = body_budget::budget_limit(
+        let limit = crate::body_budget::budget_limit(
             config.limits.max_buffered_body_bytes,
             config.limits.max_body_bytes,
         );
         metrics
             .buffered_body_limit
             .set(i64::try_from(limit).unwrap_or(i64::MAX));
-        let bodies = body_budget::BodyBudget::new(limit, metrics.buffered_body_bytes.clone());
+        let bodies =
+            crate::body_budget::BodyBudget::new(limit, metrics.buffered_body_bytes.clone());
         let gw = Gateway {
             labels: ArcSwap::from_pointee(labels::Labels::load(&config)?),
             router: Router::new(

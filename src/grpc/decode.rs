@@ -10,8 +10,8 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::routes::message_too_large;
+use crate::body_budget::Reservation;
 use crate::error::GatewayError;
-use crate::gateway::body_budget::Reservation;
 use crate::gateway::heavy;
 use crate::gateway::inflate::{inflate, Coding, InflateError};
 use crate::protocol::grpc::{check_contents, check_fanout, pb, INFER_REQUEST_FIELDS};
@@ -57,14 +57,11 @@ pub(super) async fn decode_message(
     bytes: Bytes,
     held: &mut Reservation,
 ) -> Result<pb::ModelInferRequest, GatewayError> {
-    let mut moved = std::mem::take(held);
     let size = bytes.len();
-    let (decoded, back) = heavy::run(size, "decoding the request message", move || {
-        (decode(bytes, &mut moved), moved)
+    heavy::run(size, "decoding the request message", held, move |held| {
+        decode(bytes, held)
     })
-    .await?;
-    *held = back;
-    decoded
+    .await?
 }
 
 fn decode(bytes: Bytes, held: &mut Reservation) -> Result<pb::ModelInferRequest, GatewayError> {
@@ -85,7 +82,7 @@ fn decode(bytes: Bytes, held: &mut Reservation) -> Result<pb::ModelInferRequest,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::body_budget::BodyBudget;
+    use crate::body_budget::BodyBudget;
 
     fn strings(n: usize) -> Bytes {
         pb::ModelInferRequest {

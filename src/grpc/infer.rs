@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status};
 
 use super::stream_end::StreamWatch;
 use super::BoxStream;
+use crate::body_budget::Reservation;
 use crate::error::GatewayError;
-use crate::gateway::body_budget::Reservation;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol};
 use crate::gateway::heavy;
 use crate::gateway::observe::{
@@ -106,7 +106,7 @@ pub async fn unary(
     let (metadata, extensions, msg) = req.into_parts();
     let arrived = tokio::time::Instant::now();
     let peer = PeerAddr::of(&extensions);
-    let read = async { Ok(msg) };
+    let read = async { Ok((msg, Reservation::default())) };
     let (result, answer_metadata) = call(gw, metadata.as_ref(), peer, arrived, read).await;
     match result {
         Ok(r) => {
@@ -127,7 +127,7 @@ pub(super) async fn call(
     headers: &http::HeaderMap,
     peer: Option<std::net::SocketAddr>,
     arrived: tokio::time::Instant,
-    read: impl std::future::Future<Output = Result<pb::ModelInferRequest, GatewayError>>,
+    read: impl std::future::Future<Output = Result<(pb::ModelInferRequest, Reservation), GatewayError>>,
 ) -> (Result<pb::ModelInferResponse, GatewayError>, MetadataMap) {
     let start = Instant::now();
     let _in_flight = Raised::new(gw.metrics.in_flight.clone());
@@ -149,12 +149,12 @@ pub(super) async fn call(
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
     let result = async {
         let ctx = RpcContext::from_headers(headers, arrived)?;
-        let msg = read.await?;
+        let (msg, mut held) = read.await?;
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
         let _ = named.set((msg.model_name.clone(), version));
         // Admitted once the message is here (`GrpcPolicy`), held until the answer.
         let _permit = gw.admit()?;
-        infer_one(gw, msg, &ctx, &mut obs).await
+        infer_one(gw, msg, &ctx, &mut held, &mut obs).await
     }
     .await;
     let bytes_out = result.as_ref().map_or(0, |r| r.encoded_len() as u64);
@@ -183,6 +183,7 @@ async fn infer_one(
     gw: &Gateway,
     msg: pb::ModelInferRequest,
     ctx: &RpcContext,
+    held: &mut Reservation,
     obs: &mut Observation,
 ) -> Result<pb::ModelInferResponse, GatewayError> {
     let config = gw.config();
@@ -195,7 +196,7 @@ async fn infer_one(
     // Typed contents are converted element by element: many of them off the async threads.
     let limits = config.limits.protocol();
     let typed = decoded_extra(&msg);
-    let req = heavy::run(typed, "decoding the request message", move || {
+    let req = heavy::run(typed, "decoding the request message", held, move |_| {
         decode_infer_request(msg, &limits)
     })
     .await??;
@@ -209,6 +210,7 @@ async fn infer_one(
         transport_deadline: ctx.deadline,
         original: None,
         binary_in,
+        held,
     };
     match core::infer(gw, &config, &entry, &req, context, obs).await? {
         Outcome::Response {
@@ -551,7 +553,7 @@ async fn stream_message(
         let msg = decoded?;
         let ctx = ctx?;
         let _permit = gw.admit()?;
-        infer_one(gw, msg, &ctx, &mut obs).await
+        infer_one(gw, msg, &ctx, &mut held, &mut obs).await
     }
     .await;
     drop(held);

@@ -22,7 +22,7 @@ use tonic::Status;
 use super::decode::inflate_message;
 use super::routes::message_too_large;
 use crate::body::BoxError;
-use crate::gateway::body_budget::BodyBudget;
+use crate::body_budget::BodyBudget;
 use crate::gateway::inflate::Coding;
 
 const HEADER: usize = 5;

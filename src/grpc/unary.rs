@@ -25,8 +25,8 @@ use super::decode::{inflate_message, message_coding};
 use super::infer::{call, parse_grpc_timeout, INFER_PATH};
 use super::routes::message_too_large;
 use crate::body::BoxError;
+use crate::body_budget::Reservation;
 use crate::error::GatewayError;
-use crate::gateway::body_budget::Reservation;
 use crate::gateway::Gateway;
 use crate::protocol::grpc::pb;
 
@@ -81,7 +81,8 @@ where
             Some(coding) => inflate_message(bytes, coding, max, &mut held).await?,
             None => bytes,
         };
-        super::decode::decode_message(bytes, &mut held).await
+        let msg = super::decode::decode_message(bytes, &mut held).await?;
+        Ok((msg, held))
     };
     let peer = crate::gateway::observe::PeerAddr::of(&parts.extensions);
     let (result, metadata) = call(&gw, &parts.headers, peer, arrived, read).await;
@@ -459,7 +460,7 @@ mod tests {
     /// it held is given back; once inflated it holds its inflated length.
     #[tokio::test(flavor = "current_thread")]
     async fn inflating_counts_against_the_budget_for_bodies() {
-        use crate::gateway::body_budget::BodyBudget;
+        use crate::body_budget::BodyBudget;
         let gauge = prometheus::IntGauge::new("held", "held").unwrap();
         let budget = BodyBudget::new(1 << 20, gauge.clone());
         let mut rng = fastrand::Rng::with_seed(7);

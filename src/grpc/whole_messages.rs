@@ -23,7 +23,7 @@ use tokio::time::{sleep, Sleep};
 use tonic::Status;
 
 use crate::body::BoxError;
-use crate::gateway::body_budget::Reservation;
+use crate::body_budget::Reservation;
 
 const HEADER: usize = 5;
 
@@ -305,7 +305,7 @@ mod tests {
     /// messages go on, and a message that would exceed the budget ends the call.
     #[tokio::test]
     async fn what_is_held_back_counts_against_the_budget() {
-        use crate::gateway::body_budget::BodyBudget;
+        use crate::body_budget::BodyBudget;
         let gauge = prometheus::IntGauge::new("held", "held").unwrap();
         let budget = BodyBudget::new(4096, gauge.clone());
         let m = message(1000);

@@ -8,6 +8,7 @@ use http::{header, HeaderValue, Response};
 use http_body_util::BodyExt;
 
 use crate::body::{encoded_response, Body};
+use crate::body_budget::Reservation;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Original, Outcome};
@@ -57,7 +58,7 @@ pub async fn infer(
     model: &str,
     version: Option<&str>,
     parts: &Parts,
-    (body, header_length): (Bytes, Option<usize>),
+    (body, header_length, held): (Bytes, Option<usize>, &mut Reservation),
     obs: &mut Observation,
 ) -> Result<Response<Body>, GatewayError> {
     let (entry, _pending) = core::begin(gw, model, version, obs)?;
@@ -76,7 +77,7 @@ pub async fn infer(
             raw_header.map(|h| h.as_bytes().to_vec()),
             limits.clone(),
         );
-        heavy::run(json_size, "decoding the request", move || {
+        heavy::run(json_size, "decoding the request", held, move |_| {
             decode_request(&body, header.as_deref(), &limits)
         })
         .await??
@@ -103,6 +104,7 @@ pub async fn infer(
             header_length,
         }),
         binary_in,
+        held,
     };
     let outcome = core::infer(gw, config, &entry, &req, ctx, obs).await?;
     match outcome {

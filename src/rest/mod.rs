@@ -13,8 +13,8 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use crate::body::{error_response, Body, BoxError};
+use crate::body_budget::Reservation;
 use crate::error::GatewayError;
-use crate::gateway::body_budget::Reservation;
 use crate::gateway::inflate::{inflate, Coding, InflateError};
 use crate::gateway::layers::{AuthLayer, Policy, ShedLayer};
 use crate::gateway::{observe, Gateway, Raised, BACKEND_HEADER};
@@ -355,7 +355,7 @@ where
                 &model,
                 version.as_deref(),
                 &parts,
-                (body, header_length),
+                (body, header_length, &mut held),
                 obs,
             )
             .await?;

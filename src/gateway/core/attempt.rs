@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::plan::{self, adapt_request, Classification};
 use super::shape::shape_response;
 use super::{Original, Outcome};
+use crate::body_budget::Reservation;
 use crate::error::{GatewayError, MODEL_FAILURE};
 use crate::fleet::backend::{
     error_message, BackendError, InferCall, Payload, Reply, Retry, WireBody,
@@ -69,6 +70,7 @@ pub(super) struct Attempt<'a> {
     /// Input tensor bytes that arrived in JSON and in binary form, for transcoding counts.
     pub json_in: u64,
     pub binary_in: u64,
+    pub held: &'a Reservation,
 }
 
 /// How an attempt failed: `retry` says where else it may go; `rejected` when the backend
@@ -442,6 +444,7 @@ impl Attempt<'_> {
             version: self.version,
             payload,
             headers: self.headers.clone(),
+            held: self.held.keep(),
         };
         let inferring = Phase::start();
         let reply = self.bounded(backend, backend.backend.infer(call)).await;

@@ -27,6 +27,8 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tokio::time::Instant;
 
+use crate::body_budget::Reservation;
+
 pub use super::observe::Protocol;
 use super::observe::{traceparent, Observation};
 use super::Gateway;
@@ -61,6 +63,8 @@ pub struct InferContext<'a> {
     pub original: Option<Original<'a>>,
     /// Input tensor bytes that arrived in binary form, for the transcoding counters.
     pub binary_in: u64,
+    /// The request's part of the budget for bodies, kept by a model's run that outlives it.
+    pub held: &'a Reservation,
 }
 
 /// The core's answer.
@@ -143,6 +147,7 @@ pub async fn infer(
         headers,
         json_in: total_in.saturating_sub(ctx.binary_in),
         binary_in: ctx.binary_in,
+        held: ctx.held,
     };
     attempt.run(entry, obs).await
 }

@@ -7,8 +7,10 @@
 //! `Retry-After` (UNAVAILABLE over gRPC), as shedding is, and the bodies already here finish.
 //!
 //! A body's bytes are counted as they arrive (a compressed one's inflated bytes beside its
-//! compressed ones while it inflates), and stay counted until its request is answered; a
-//! gRPC stream's message, from when it is whole until its answer. Lengths are counted, not
+//! compressed ones while it inflates), and stay counted until its request is answered and
+//! the work done on them has ended (a decode or a model's run on the blocking pool, which
+//! goes on when its client cancels); a gRPC stream's message, from when it is whole until
+//! its answer. Lengths are counted, not
 //! the buffers' capacity, so that a budget of `max_body_bytes` holds one largest body.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,10 +42,10 @@ impl BodyBudget {
 
     /// A reservation of nothing yet, for one body.
     pub fn reserve(self: &Arc<Self>) -> Reservation {
-        Reservation {
-            budget: Some(self.clone()),
-            held: 0,
-        }
+        Reservation(Some(Arc::new(Held {
+            budget: self.clone(),
+            bytes: AtomicUsize::new(0),
+        })))
     }
 
     fn take(&self, more: usize) -> bool {
@@ -65,53 +67,66 @@ impl BodyBudget {
     }
 }
 
-/// The part of the budget one body holds; given back when dropped.
+/// The part of the budget one body holds; given back when the last of its holders is
+/// dropped (`keep`).
 #[derive(Default)]
-pub struct Reservation {
+pub struct Reservation(
     /// `None`: counts nothing (a caller without a gateway, such as a unit test).
-    budget: Option<Arc<BodyBudget>>,
-    held: usize,
+    Option<Arc<Held>>,
+);
+
+struct Held {
+    budget: Arc<BodyBudget>,
+    bytes: AtomicUsize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.give_back(*self.bytes.get_mut());
+    }
 }
 
 impl Reservation {
     /// The whole budget's size; `None` for a reservation without one.
     pub fn limit(&self) -> Option<usize> {
-        self.budget.as_ref().map(|b| b.limit)
+        self.0.as_ref().map(|h| h.budget.limit)
+    }
+
+    /// Another holder of the same bytes, for work that may outlive the request: a decode on
+    /// the blocking pool or a model's run goes on after its client cancels or its deadline
+    /// passes, and what it holds must stay counted until it ends, or cancelled requests
+    /// could hold any multiple of the budget. One holder at a time changes the amount
+    /// (`hold`): the request, or the work it waits for.
+    pub fn keep(&self) -> Reservation {
+        Reservation(self.0.clone())
     }
 
     /// Holds `total` bytes for this body from now on (more or fewer than before). Fails,
     /// holding what it held, when the budget has not the difference left: 503 while other
     /// bodies hold it, 413 for a body that the whole budget could never hold.
     pub fn hold(&mut self, total: usize) -> Result<(), GatewayError> {
-        let Some(budget) = &self.budget else {
+        let Some(held) = &self.0 else {
             return Ok(());
         };
-        if total > self.held {
+        let (budget, now) = (&held.budget, held.bytes.load(Ordering::Acquire));
+        if total > now {
             if total > budget.limit {
                 return Err(GatewayError::PayloadTooLarge(format!(
                     "the request body is larger than the {} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
                     budget.limit
                 )));
             }
-            if !budget.take(total - self.held) {
+            if !budget.take(total - now) {
                 return Err(GatewayError::BodiesFull(format!(
                     "tensorgate holds its limit of {} bytes of request bodies (limits.max_buffered_body_bytes); retry later",
                     budget.limit
                 )));
             }
         } else {
-            budget.give_back(self.held - total);
+            budget.give_back(now - total);
         }
-        self.held = total;
+        held.bytes.store(total, Ordering::Release);
         Ok(())
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if let Some(budget) = &self.budget {
-            budget.give_back(self.held);
-        }
     }
 }
 
@@ -212,6 +227,27 @@ mod tests {
         assert_eq!(b.held.load(Ordering::Acquire), 0);
         assert_eq!(b.gauge.get(), 0);
         assert!(b.reserve().hold(100).is_ok());
+    }
+
+    #[test]
+    fn work_that_keeps_a_reservation_holds_it_past_its_request() {
+        let b = budget(100);
+        let mut request = b.reserve();
+        request.hold(60).unwrap();
+        let mut work = request.keep();
+        // The request is cancelled; its work goes on, and its bytes stay counted.
+        drop(request);
+        assert_eq!(b.gauge.get(), 60);
+        assert!(matches!(
+            b.reserve().hold(41),
+            Err(GatewayError::BodiesFull(_))
+        ));
+        // What the work holds from then on is what is counted, until it ends too.
+        work.hold(80).unwrap();
+        assert_eq!(b.gauge.get(), 80);
+        drop(work);
+        assert_eq!(b.held.load(Ordering::Acquire), 0);
+        assert_eq!(b.gauge.get(), 0);
     }
 
     #[test]
