@@ -7,11 +7,12 @@
 //! `Retry-After` (UNAVAILABLE over gRPC), as shedding is, and the bodies already here finish.
 //!
 //! A body's bytes are counted as they arrive (a compressed one's inflated bytes beside its
-//! compressed ones while it inflates), and stay counted until its request is answered and
-//! the work done on them has ended (a decode or a model's run on the blocking pool, which
-//! goes on when its client cancels); a gRPC stream's message, from when it is whole until
-//! its answer. Lengths are counted, not
-//! the buffers' capacity, so that a budget of `max_body_bytes` holds one largest body.
+//! compressed ones while it inflates), with the tensors it decodes to beside them once they
+//! are known (`hold_decoded`), and stay counted until its request is answered and the work
+//! done on them has ended (a decode or a model's run on the blocking pool, which goes on
+//! when its client cancels); a gRPC stream's message, from when it is whole until its
+//! answer. Lengths are counted, not the buffers' capacity, so that a budget of
+//! `max_body_bytes` holds one largest binary body.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -127,6 +128,17 @@ impl Reservation {
         }
         held.bytes.store(total, Ordering::Release);
         Ok(())
+    }
+
+    /// `hold(total)` for `what` (the request, the request message) once decoded, with the
+    /// 413 saying so: the body itself fitted, what it decodes to does not.
+    pub fn hold_decoded(&mut self, total: usize, what: &str) -> Result<(), GatewayError> {
+        if let Some(limit) = self.limit().filter(|&limit| total > limit) {
+            return Err(GatewayError::PayloadTooLarge(format!(
+                "the {what} decodes to {total} bytes, more than the {limit} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)"
+            )));
+        }
+        self.hold(total)
     }
 }
 

@@ -1135,6 +1135,41 @@ async fn request_bodies_share_one_memory_budget() {
     gw.shutdown().await;
 }
 
+/// Tensors written out in JSON are decoded into new buffers (up to about four times their
+/// text), and those count against the budget for bodies too, beside the body: a body that
+/// fits but decodes to more than the whole budget is the client's 413, named as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_decoded_from_json_count_against_the_budget() {
+    const BUDGET: usize = 1 << 20;
+    let gw = gateway(|c| {
+        c.limits.max_body_bytes = BUDGET;
+        c.limits.max_buffered_body_bytes = BUDGET;
+    })
+    .await;
+    let n = 300_000;
+    let zeros = vec!["0"; n].join(",");
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","data":[{zeros}]}}]}}"#
+    );
+    assert!(body.len() < BUDGET);
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v2/models/identity_fp32/infer", gw.addr))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({ "error": format!(
+            "the request decodes to {} bytes, more than the {BUDGET} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+            body.len() + 4 * n
+        ) })
+    );
+    assert_eq!(gw.gateway.metrics.buffered_body_bytes.get(), 0);
+    gw.shutdown().await;
+}
+
 /// A compressed body is inflated once it has all arrived: a slow client's wait holds only
 /// its compressed bytes in the budget for bodies, not what they will inflate to (a few KiB
 /// of gzip'd JSON held close to the whole budget, and other clients got 503s meanwhile).
@@ -1148,14 +1183,14 @@ async fn a_slow_compressed_body_holds_only_its_compressed_bytes() {
     .await;
     let addr = gw.addr;
     let gauge = gw.gateway.metrics.buffered_body_bytes.clone();
-    let json = |n: usize| {
-        let zeros = vec!["0"; n].join(",");
-        format!(
-            r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","data":[{zeros}]}}]}}"#
-        )
-    };
-    let slow_json = json(400_000);
-    assert!(slow_json.len() > 700_000 && slow_json.len() < BUDGET);
+    // Long numbers, so that the body and the tensor it decodes to (4 bytes an element,
+    // counted too) fit the budget together: 720 KB and 240 KB.
+    let n = 60_000;
+    let zeros = vec!["0.0000000000"; n].join(",");
+    let slow_json = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","data":[{zeros}]}}]}}"#
+    );
+    assert!(slow_json.len() > 700_000 && slow_json.len() + 4 * n < BUDGET);
     let gz = crate::common::gzip(slow_json.as_bytes());
     assert!(gz.len() < 8 << 10, "{}", gz.len());
 
@@ -1182,12 +1217,20 @@ async fn a_slow_compressed_body_holds_only_its_compressed_bytes() {
     let held = gauge.get();
     assert!(held > 0 && held < 8 << 10, "{held}");
 
-    // An honest body larger than what is left once the slow one inflated is served.
-    let honest = json(150_000);
+    // An honest body larger than what is left once the slow one inflated is served (binary:
+    // it decodes to nothing more).
+    let m = 150_000;
+    let head = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{m}],"datatype":"FP32","parameters":{{"binary_data_size":{}}}}}]}}"#,
+        4 * m
+    );
+    let mut honest = head.clone().into_bytes();
+    honest.extend(vec![0u8; 4 * m]);
     assert!(honest.len() + slow_json.len() > BUDGET);
     let client = reqwest::Client::new();
     let r = client
         .post(format!("http://{addr}/v2/models/identity_fp32/infer"))
+        .header("inference-header-content-length", head.len())
         .body(honest)
         .send()
         .await
@@ -1199,7 +1242,7 @@ async fn a_slow_compressed_body_holds_only_its_compressed_bytes() {
         .await
         .unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply:.300}");
-    assert!(reply.contains(r#""shape":[1,400000]"#), "{reply:.300}");
+    assert!(reply.contains(r#""shape":[1,60000]"#), "{reply:.300}");
     assert_eq!(gauge.get(), 0);
     gw.shutdown().await;
 }

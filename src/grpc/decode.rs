@@ -69,12 +69,7 @@ fn decode(bytes: Bytes, held: &mut Reservation) -> Result<pb::ModelInferRequest,
         .map_err(|e| GatewayError::PayloadTooLarge(e.message().to_string()))?;
     let extra = check_contents(&bytes)?;
     let total = bytes.len().saturating_add(extra);
-    if let Some(limit) = held.limit().filter(|&limit| total > limit) {
-        return Err(GatewayError::PayloadTooLarge(format!(
-            "the request message decodes to {total} bytes, more than the {limit} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)"
-        )));
-    }
-    held.hold(total)?;
+    held.hold_decoded(total, "request message")?;
     pb::ModelInferRequest::decode(bytes)
         .map_err(|e| GatewayError::BadRequest(format!("the request message is not valid: {e}")))
 }

@@ -92,6 +92,11 @@ pub async fn infer(
             body.len() as u64,
         ),
     };
+    // Tensors written out in JSON were decoded into new buffers, up to about four times
+    // their text; binary ones are slices of the body. The new ones count from now on.
+    let decoded: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
+    let from_json = usize::try_from(decoded.saturating_sub(binary_in)).unwrap_or(usize::MAX);
+    held.hold_decoded(body.len().saturating_add(from_json), "request")?;
     decoding.end(&mut obs.compute_input);
     let ctx = InferContext {
         model,
