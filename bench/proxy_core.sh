@@ -14,6 +14,10 @@
 #       The new-id case once more with the runtime tensorgate picks by itself on one CPU (the
 #       multi-threaded one, with one worker; paths *_mt), whose scheduler runs a task woken
 #       by the running one next, where the current-thread one queues it behind every other.
+#   P1 through a bare hyper proxy (examples/bare_proxy.rs: hyper's server and client::conn on
+#       tokio's current-thread runtime, no validation, no log), streaming the body and, as
+#       the second path, reading it whole first: the floor of tensorgate's own stack, which
+#       tells the stack's share of the gap to nginx from tensorgate's.
 # Reported per path: req/s, p50, p99 (medians over rounds) and the proxy's CPU time per request.
 # tensorgate runs with TOKIO_WORKER_THREADS=1, which selects its single-threaded runtime (as
 # `[server] worker_threads = 1` does).
@@ -39,13 +43,15 @@ for tool in wrk nginx taskset redis-server; do
 done
 BIN=${TENSORGATE_BIN:-$ROOT/target/release/tensorgate}
 [ -x "$BIN" ] || cargo build --release --locked -q
+BARE=${BARE_PROXY_BIN:-$ROOT/target/release/examples/bare_proxy}
+[ -x "$BARE" ] || cargo build --release --locked -q --example bare_proxy
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() { for _ in $(seq 1 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 
 B=$(free_port); N=$(free_port); NH=$(free_port); G=$(free_port)
-R=$(free_port); GR=$(free_port); GRM=$(free_port)
+R=$(free_port); GR=$(free_port); GRM=$(free_port); H=$(free_port); HB=$(free_port)
 GT=$(free_port); GRT=$(free_port); GRTM=$(free_port)
 META='{"name":"simple","versions":["1"],"platform":"fixed","inputs":[{"name":"INPUT0","datatype":"INT32","shape":[-1,16]},{"name":"INPUT1","datatype":"INT32","shape":[-1,16]}],"outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[-1,16]},{"name":"OUTPUT1","datatype":"INT32","shape":[-1,16]}]}'
 ANSWER='{"model_name":"simple","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[1,16],"data":[2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32]},{"name":"OUTPUT1","datatype":"INT32","shape":[1,16],"data":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]}'
@@ -94,6 +100,10 @@ NGINX_PROXY=$!
 env TOKIO_WORKER_THREADS=1 taskset -c 0 "$BIN" serve --listen 127.0.0.1:$G --grpc-listen "" \
   --metrics-listen 127.0.0.1:$(free_port) --backend http://127.0.0.1:$B > "$OUT/tensorgate.log" 2>&1 & PIDS+=($!)
 GW=$!
+taskset -c 0 "$BARE" --listen 127.0.0.1:$H --backend 127.0.0.1:$B > "$OUT/bare.log" 2>&1 & PIDS+=($!)
+BARE_STREAM=$!
+taskset -c 0 "$BARE" --listen 127.0.0.1:$HB --backend 127.0.0.1:$B --buffer > "$OUT/bare-buffer.log" 2>&1 & PIDS+=($!)
+BARE_BUFFER=$!
 # The same gateway with pins shared through Redis (nothing persisted, as deploy/ runs it).
 taskset -c 1 redis-server --bind 127.0.0.1 --port "$R" --save "" --appendonly no \
   --dir "$OUT" > "$OUT/redis.log" 2>&1 & PIDS+=($!)
@@ -129,6 +139,8 @@ wait_ready "http://127.0.0.1:$G/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$GT/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$GRT/v2/models/simple/ready"
 wait_ready "http://127.0.0.1:$N/v2/health/ready"
+wait_ready "http://127.0.0.1:$H/v2/health/ready"
+wait_ready "http://127.0.0.1:$HB/v2/health/ready"
 sleep 0.5
 NGINX_PROXY_WORKER=$(pgrep -P "$NGINX_PROXY" | head -1)
 NGINX_BACKEND_WORKER=$(pgrep -f "nginx-backend/nginx.conf" | xargs -I{} pgrep -P {} | head -1)
@@ -169,6 +181,8 @@ for round in $(seq 1 "$ROUNDS"); do
   run backend_direct "$B" 0 "$NGINX_BACKEND_WORKER" "$round"
   run nginx_p1 "$N" 0 "$NGINX_PROXY_WORKER" "$round"
   run tensorgate_p1 "$G" 0 "$GW" "$round"
+  run hyper_p1 "$H" 0 "$BARE_STREAM" "$round"
+  run hyper_p1_buffered "$HB" 0 "$BARE_BUFFER" "$round"
   run nginx_p2 "$NH" 1 "$NGINX_PROXY_WORKER" "$round"
   run tensorgate_p2 "$G" 1 "$GW" "$round"
   run tensorgate_p2_redis "$GR" 1 "$GWR" "$round"

@@ -26,6 +26,8 @@ labels = [
     ("backend_direct", "fixed-response backend, directly"),
     ("nginx_p1", "P1 nginx → backend"),
     ("tensorgate_p1", "P1 tensorgate → backend"),
+    ("hyper_p1", "P1 bare hyper proxy, body streamed (no validation, no log)"),
+    ("hyper_p1_buffered", "P1 bare hyper proxy, body read whole first"),
     ("nginx_p2", "P2 nginx, hash of X-Sequence-Id"),
     ("tensorgate_p2", "P2 tensorgate, sequence_id in body"),
     ("tensorgate_p2_redis", "P2 tensorgate, shared pins in Redis"),
@@ -49,6 +51,16 @@ for p in ("p1", "p2"):
     if t and n:
         print(f"\n{p.upper()}: tensorgate/nginx req/s = {median(x['rps'] for x in t) / median(x['rps'] for x in n):.2f}, "
               f"CPU per request {median(x['cpu_us'] for x in t) / median(x['cpu_us'] for x in n):.2f} x nginx's.")
+n = runs.get("nginx_p1")
+for bare in ("hyper_p1", "hyper_p1_buffered"):
+    h, t = runs.get(bare), runs.get("tensorgate_p1")
+    if h and n:
+        line = (f"\n{bare}: req/s {median(x['rps'] for x in h) / median(x['rps'] for x in n):.2f} x nginx's, "
+                f"CPU per request {median(x['cpu_us'] for x in h) / median(x['cpu_us'] for x in n):.2f} x")
+        if t:
+            line += (f"; tensorgate's P1 spends {median(x['cpu_us'] for x in t) / median(x['cpu_us'] for x in h):.2f} x "
+                     f"its CPU per request")
+        print(line + ".")
 b = runs.get("backend_direct")
 fast = max((median(x["rps"] for x in runs[k]) for k in ("nginx_p1", "tensorgate_p1") if k in runs), default=0)
 if b and fast:

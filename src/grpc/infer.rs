@@ -97,8 +97,9 @@ pub(super) fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
     })
 }
 
-/// ModelInfer as tonic hands it over: a compressed request, which tonic decompresses (the
-/// others take `unary::model_infer`, without tonic's buffers).
+/// ModelInfer as tonic hands it over: only a call whose `grpc-encoding` the gateway does
+/// not read comes this way, for tonic to refuse (every other call takes
+/// `unary::model_infer`, which reads and inflates its message itself).
 pub async fn unary(
     gw: &Arc<Gateway>,
     req: Request<pb::ModelInferRequest>,
