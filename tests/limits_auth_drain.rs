@@ -1170,6 +1170,57 @@ async fn tensors_decoded_from_json_count_against_the_budget() {
     gw.shutdown().await;
 }
 
+/// A large answer is not compressed on the connection's thread (70 MB of JSON took 5.6 s
+/// of it, and liveness probes sharing it waited as long): it is gzipped on the blocking
+/// pool for a client that accepts gzip, and sent as it is to one that accepts only other
+/// codings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_is_gzipped_off_the_connections_thread() {
+    let gw = gateway(|_| {}).await;
+    let n = 100_000;
+    let head = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[1,{n}],"datatype":"FP32","parameters":{{"binary_data_size":{}}}}}],"outputs":[{{"name":"OUTPUT0","parameters":{{"binary_data":false}}}}]}}"#,
+        4 * n
+    );
+    let mut body = head.clone().into_bytes();
+    body.extend((0..n).flat_map(|i| (i as f32).to_le_bytes()));
+    let client = reqwest::Client::new();
+    let send = |accept: &'static str| {
+        client
+            .post(format!("http://{}/v2/models/identity_fp32/infer", gw.addr))
+            .header("inference-header-content-length", head.len())
+            .header("accept-encoding", accept)
+            .body(body.clone())
+            .send()
+    };
+    let r = send("deflate, gzip;q=0.5").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-encoding"], "gzip");
+    assert_eq!(r.headers()["vary"], "accept-encoding");
+    let gz = r.bytes().await.unwrap();
+    let mut json = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json).unwrap();
+    assert!(
+        json.len() > 256 << 10 && gz.len() < json.len() / 2,
+        "{} {}",
+        json.len(),
+        gz.len()
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let data = answer["outputs"][0]["data"].as_array().unwrap();
+    assert_eq!(data.len(), n);
+    assert_eq!(data[n - 1], serde_json::json!((n - 1) as f64));
+
+    // Large, and the client takes no gzip: as it is, not deflated in place.
+    for accept in ["deflate", "gzip;q=0, deflate"] {
+        let r = send(accept).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("content-encoding").is_none(), "{accept}");
+        assert_eq!(r.bytes().await.unwrap().len(), json.len());
+    }
+    gw.shutdown().await;
+}
+
 /// A compressed body is inflated once it has all arrived: a slow client's wait holds only
 /// its compressed bytes in the budget for bodies, not what they will inflate to (a few KiB
 /// of gzip'd JSON held close to the whole budget, and other clients got 503s meanwhile).

@@ -1,6 +1,8 @@
 //! The REST edge: v2 over HTTP/1.1 and h2. Matches each path to a small handler, reads and
 //! decodes bodies, and encodes what the gateway answers as JSON or binary tensors.
 
+mod compress;
+pub use compress::Compressible;
 mod handlers;
 mod infer;
 pub mod routes;
@@ -349,7 +351,7 @@ where
             obs.bytes_in = body.len() as u64;
             // Admitted once the body is here (`RestPolicy`), held until the answer.
             let _permit = gw.admit()?;
-            let mut answer = infer::infer(
+            infer::infer(
                 gw,
                 &config,
                 &model,
@@ -358,9 +360,7 @@ where
                 (body, header_length, &mut held),
                 obs,
             )
-            .await?;
-            answer.extensions_mut().insert(Compressible);
-            Ok(answer)
+            .await
         }
     }
 }
@@ -464,13 +464,6 @@ async fn inflated(
             InflateError::Refused(e) => e,
         })
 }
-
-/// Marks the one kind of answer the server compresses for a client that accepts it: a
-/// successful inference, as Triton does. `tritonclient.http.aio` asks for gzip on every call
-/// but inflates only inference answers itself, so a compressed metadata answer or error body
-/// is bytes it cannot read.
-#[derive(Debug, Clone, Copy)]
-pub struct Compressible;
 
 /// Reads a whole body within `limits.body_read_timeout_ms`, refusing more than `limit`.
 async fn read_in_time<B>(

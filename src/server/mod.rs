@@ -403,7 +403,8 @@ pub type Layered<S> = tower_http::catch_panic::CatchPanic<
     PanicHandler,
 >;
 
-/// Compresses only what the REST edge marked `Compressible` (successful inferences), and of
+/// Compresses only what the REST edge marked `Compressible` (successful inferences small
+/// enough to compress in place: `rest::compress`), and of
 /// those what tower-http's default predicate allows (not tiny, not already compressed).
 #[derive(Debug, Clone, Copy)]
 pub struct InferAnswers;
