@@ -581,14 +581,20 @@ async fn no_reachable_backend() {
         &format!("no backend has a ready model; backend 'backend-0' failed its health checks: cannot connect to http://127.0.0.1:{port}: client error (Connect): tcp connect error: Connection refused (os error 111)"),
     );
     assert_eq!(r.header("retry-after"), Some("1"));
-    // No backend ever reported a model, so the gateway knows none.
+    // No backend ever said what it serves: the model may be the unreached backend's, so
+    // the answer is "not now" (503), not "no such model" (404), which clients take as final.
+    let unreached = format!("unknown model 'simple', but backend 'backend-0' (cannot connect to http://127.0.0.1:{port}: client error (Connect): tcp connect error: Connection refused (os error 111)) has not been reached to say which models it serves; retry later");
     let r = env
         .infer_json("simple", &simple_request(&ones(), &ones()))
         .await;
-    r.assert_error(404, "unknown model 'simple'");
+    r.assert_error(503, &unreached);
+    assert_eq!(r.header("retry-after"), Some("1"));
     env.get("/v2/models/simple")
         .await
-        .assert_error(404, "unknown model 'simple'");
+        .assert_error(503, &unreached);
+    env.get("/v2/models/simple/ready")
+        .await
+        .assert_error(503, &unreached);
     let r = env
         .post("/v2/repository/index", &json_body(&json!({})))
         .await;

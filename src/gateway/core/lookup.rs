@@ -80,6 +80,40 @@ fn find(
     }
 }
 
+/// An unknown name is a 404 only when every backend that could serve it has said what it
+/// serves. While one has never been reached (a gateway started before its backends, or
+/// pointed at a wrong address), the model may be one of its own: 503, naming the backend
+/// and why it was not reached, since clients and their retry policies take a 404 as final.
+fn unknown(gw: &Gateway, model: &str) -> GatewayError {
+    let unreached: Vec<String> = gw
+        .fleet
+        .backends()
+        .iter()
+        .filter(|h| h.only_models.is_empty() || h.only_models.iter().any(|m| m == model))
+        .filter_map(|h| {
+            let state = h.state.load();
+            (!state.reachable && state.models.is_empty() && state.unavailable.is_empty()).then(
+                || match &state.last_error {
+                    Some(why) => format!("backend '{}' ({why})", h.name),
+                    None => format!("backend '{}'", h.name),
+                },
+            )
+        })
+        .collect();
+    if unreached.is_empty() {
+        return GatewayError::NotFound(format!("unknown model '{model}'"));
+    }
+    let (have, they) = if unreached.len() == 1 {
+        ("has", "it serves")
+    } else {
+        ("have", "they serve")
+    };
+    GatewayError::Unavailable(format!(
+        "unknown model '{model}', but {} {have} not been reached to say which models {they}; retry later",
+        unreached.join(" and "),
+    ))
+}
+
 /// Why a model is not in the catalog: unknown, or known to a backend's repository that
 /// cannot serve it (a failed load, an unload), with the backend's reason: a user who just
 /// loaded a broken model learns why, not only that the name is unknown. A model that is
@@ -119,7 +153,7 @@ fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
         })
         .collect();
     if reasons.is_empty() {
-        return GatewayError::NotFound(format!("unknown model '{model}'"));
+        return unknown(gw, model);
     }
     let message = format!("model '{model}' is not available: {}", reasons.join("; "));
     if loading || readiness {
