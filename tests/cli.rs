@@ -93,8 +93,8 @@ fn temp_file(name: &str, contents: &str) -> PathBuf {
 
 #[test]
 fn check_config_reports_errors_with_line_numbers() {
-    // Every schema error is reported, each with its line; the checks after parsing (the
-    // ftp:// URL) need a config that parses.
+    // Every schema error is reported, each with its line, and beside them the checks of
+    // the values (the ftp:// URL), made with the lines in error set aside.
     let path = temp_file(
         "unknown-key.toml",
         "[server]\nlisten = \"0.0.0.0:1\"\nlisen = 3\n\n[[backends]]\nname = \"a\"\nurl = \"ftp://x:1\"\nwieght = 2\n",
@@ -103,13 +103,17 @@ fn check_config_reports_errors_with_line_numbers() {
     let out = tensorgate(&["check-config", p]);
     assert!(!out.status.success());
     let lines: Vec<String> = text(&out.stderr).lines().map(String::from).collect();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(
         lines[0].starts_with(&format!("{p}:3: server.lisen: unknown field `lisen`")),
         "{lines:?}"
     );
+    assert_eq!(
+        lines[1],
+        format!("{p}:7: backend url 'ftp://x:1' must start with http:// or https:// (or be the word builtin)"),
+    );
     assert!(
-        lines[1].starts_with(&format!("{p}:8: backends.wieght: unknown field `wieght`")),
+        lines[2].starts_with(&format!("{p}:8: backends.wieght: unknown field `wieght`")),
         "{lines:?}"
     );
     assert!(out.stdout.is_empty());

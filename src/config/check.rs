@@ -93,22 +93,48 @@ const MAX_SCHEMA_ERRORS: usize = 50;
 /// blanked and the text parsed again: a user with three typos sees all three at once.
 /// A syntax error, or an error without a place, ends the search: what follows it cannot be
 /// read reliably.
-fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
+/// What `deserialize` read: the config, the schema's errors, the text it was read from
+/// (with the lines in error blanked, so its line numbers are the file's), and the keys and
+/// tables of those lines, which now hold defaults the value checks must not judge.
+struct Read {
+    config: Config,
+    errors: Vec<ConfigError>,
+    text: String,
+    set_aside: Vec<(Option<String>, String)>,
+}
+
+/// The config, or the schema's errors (a wrong type, an unknown key). A line in error is
+/// blanked and the text read again, to find the next: if the rest then parses, that config
+/// comes back with the errors, so that the value checks report theirs too, not only once
+/// the first are fixed.
+fn deserialize(text: &str) -> Result<Read, Vec<ConfigError>> {
     let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut errors: Vec<ConfigError> = Vec::new();
     // Keys whose line was blanked: a later "missing field" for one of them is a consequence
     // of the blanking, not another error.
     let mut blanked_keys: Vec<String> = Vec::new();
+    let mut set_aside: Vec<(Option<String>, String)> = Vec::new();
     let syntax_ok = text.parse::<toml::Table>().is_ok();
     for _ in 0..MAX_SCHEMA_ERRORS {
         let current: String = lines.concat();
+        // A blanked line that began a value of several lines leaves the rest unreadable:
+        // what follows would be errors of the blanking's making.
+        if !errors.is_empty() && current.parse::<toml::Table>().is_err() {
+            return Err(errors);
+        }
         let e = match toml::from_str::<Config>(&current) {
-            Ok(config) if errors.is_empty() => return Ok(config),
-            Ok(_) => return Err(errors),
+            Ok(config) => {
+                return Ok(Read {
+                    config,
+                    errors,
+                    text: current,
+                    set_aside,
+                })
+            }
             Err(e) => e,
         };
         let line = e.span().map(|s| line_of(&current, s.start));
-        let message = with_key(&lines, line, e.message());
+        let message = with_key(&lines, line, &plain_types(e.message()));
         let consequence = blanked_keys
             .iter()
             .any(|k| message.ends_with(&format!("missing field `{k}`")));
@@ -118,7 +144,7 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
         let Some(line) = line.filter(|_| syntax_ok && !consequence) else {
             return Err(errors);
         };
-        let Some(blanked) = lines.get_mut(line - 1) else {
+        let Some(&blanked) = lines.get(line - 1) else {
             return Err(errors);
         };
         if blanked.trim().is_empty() || blanked.trim_start().starts_with('[') {
@@ -126,11 +152,47 @@ fn deserialize(text: &str) -> Result<Config, Vec<ConfigError>> {
             return Err(errors);
         }
         if let Some((key, _)) = blanked.split_once('=') {
-            blanked_keys.push(key.trim().trim_matches('"').to_string());
+            let key = key.trim().trim_matches('"').to_string();
+            set_aside.push((table_above(&lines, line).map(str::to_string), key.clone()));
+            blanked_keys.push(key);
         }
-        *blanked = "\n";
+        lines[line - 1] = "\n";
     }
     Err(errors)
+}
+
+/// The table (`fleet.pins`, `backends`) whose header is the last above line `line`.
+fn table_above<'a>(lines: &[&'a str], line: usize) -> Option<&'a str> {
+    lines[..line.saturating_sub(1).min(lines.len())]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['))
+        .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim())
+}
+
+/// serde's messages name Rust's types ("expected usize"); a config's reader knows numbers.
+fn plain_types(message: &str) -> String {
+    let mut plain = message.to_string();
+    for (rust, words) in [
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ] {
+        if let Some(at) = plain.find(rust) {
+            // Only the whole word: "expected u8" is not "expected u80".
+            let end = at + rust.len();
+            if !plain[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                plain.replace_range(at..end, words);
+            }
+        }
+    }
+    plain
 }
 
 /// Puts the key before a message that does not start with it (a wrong type or value names
@@ -151,27 +213,33 @@ fn with_key(lines: &[&str], line: Option<usize>, message: &str) -> String {
         .and_then(|l| lines.get(l - 1))
         .and_then(|text| text.split_once('='))
         .map(|(key, _)| key.trim().trim_matches('"'))
-        // A message that starts with the key names it already; `unknown field `lisen``
-        // does not say in which table.
-        .filter(|key| !key.is_empty() && !message.starts_with(key))
+        .filter(|key| !key.is_empty())
     else {
         return message.to_string();
     };
-    let table = lines[..line.unwrap_or(1) - 1]
-        .iter()
-        .rev()
-        .map(|l| l.trim())
-        .find(|l| l.starts_with('['))
-        .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim());
-    match table {
-        Some(table) => format!("{table}.{key}: {message}"),
-        None => format!("{key}: {message}"),
+    let table = table_above(lines, line.unwrap_or(1));
+    // A message that starts with the key names it already, but not its table;
+    // `unknown field `lisen`` names neither.
+    let names_key = message
+        .strip_prefix(key)
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+    match (table, names_key) {
+        (Some(table), true) => format!("{table}.{message}"),
+        (None, true) => message.to_string(),
+        (Some(table), false) => format!("{table}.{key}: {message}"),
+        (None, false) => format!("{key}: {message}"),
     }
 }
 
 /// Parses `text` and checks what serde cannot: backend URLs and unique names.
 pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
-    let config = deserialize(text)?;
+    let Read {
+        config,
+        errors: schema_errors,
+        text: checked,
+        set_aside,
+    } = deserialize(text)?;
+    let text = checked.as_str();
     let mut errors = Vec::new();
     let mut names = HashSet::new();
     // Each server's first backend: its name and URL as written.
@@ -276,9 +344,29 @@ pub fn parse_and_check(text: &str) -> Result<Config, Vec<ConfigError>> {
                 message,
             }),
     );
+    // A value check that names a key set aside, or speaks of its whole table, judges a
+    // default the file did not write (an [auth] table whose tokens_file had the wrong type
+    // has no token source; an eject_base_ms in error is not the default it was read as).
+    errors.retain(|e: &ConfigError| {
+        !set_aside.iter().any(|(table, key)| {
+            let qualified = match table {
+                Some(t) => format!("{t}.{key}"),
+                None => key.clone(),
+            };
+            let of_table = table.as_deref().is_some_and(|t| {
+                e.message
+                    .strip_prefix(t)
+                    .is_some_and(|rest| rest.starts_with([':', ' ']))
+            });
+            e.message.contains(&qualified) || of_table
+        })
+    });
+    errors.extend(schema_errors);
     if errors.is_empty() {
         Ok(config)
     } else {
+        // In the file's order; errors without a line last.
+        errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
         Err(errors)
     }
 }
@@ -555,17 +643,18 @@ pub fn unreadable_files(config: &Config, text: &str) -> Vec<ConfigError> {
             });
         }
     }
-    for b in &config.backends {
+    for (i, b) in config.backends.iter().enumerate() {
         if let Some(dir) = &b.model_repository {
             if !dir.is_dir() {
-                errors_dirs.push(ConfigError {
-                    line: None,
-                    message: format!(
+                errors_dirs.push(error_at_path(
+                    text,
+                    &format!("backends.{i}.model_repository"),
+                    format!(
                         "backend '{}': model_repository {} is not a directory",
                         b.name.get_ref(),
                         dir.display()
                     ),
-                });
+                ));
             }
         }
     }
@@ -733,24 +822,25 @@ mod tests {
              [fleet]\nrefresh_interval_ms = 0\nunhealthy_after_checks = 0\neject_base_ms = 5000\neject_max_ms = 10\n\
              [models.m]\ntimeout_ms = 0\n",
         );
+        // In the file's order.
         assert_eq!(
-            e[..e.len() - 1],
+            e[1..],
             [
+                "line 3: server.worker_threads must be at most 1024, not 100000",
+                "line 5: limits.request_timeout_ms must be at least 1, not 0: every request would time out",
+                "line 6: limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
                 "line 7: limits.max_json_depth must be at least 1, not 0: no request could be served",
                 "line 8: limits.max_header_bytes must be at least 8192, not 4096: hyper reads HTTP/1 heads into buffers of at least 8192 bytes, so a lower limit would hold for h2 alone",
-                "line 6: limits.max_concurrent_requests must be at least 1, not 0: every request would be shed",
-                "line 5: limits.request_timeout_ms must be at least 1, not 0: every request would time out",
                 "line 10: fleet.refresh_interval_ms must be at least 100, not 0: the backends would be probed in a loop",
                 "line 11: fleet.unhealthy_after_checks must be at least 1, not 0: a backend would be unhealthy before any check",
                 "line 12: fleet.eject_base_ms (5000) must not exceed fleet.eject_max_ms (10)",
                 "line 15: models.m.timeout_ms must be at least 1, not 0: every request would time out",
-                "line 3: server.worker_threads must be at most 1024, not 100000",
             ]
         );
-        let last = e.last().unwrap();
+        let first = &e[0];
         assert!(
-            last == "line 2: server.log_level 'verbose!!' is not a log filter: 'verbose!!' is neither a level (off, error, warn, info, debug, trace) nor target=level; for example \"info\" or \"warn,tensorgate=debug\"",
-            "{last}"
+            first == "line 2: server.log_level 'verbose!!' is not a log filter: 'verbose!!' is neither a level (off, error, warn, info, debug, trace) nor target=level; for example \"info\" or \"warn,tensorgate=debug\"",
+            "{first}"
         );
         // The defaults, and the smallest values that work, pass.
         assert_eq!(
@@ -773,7 +863,7 @@ mod tests {
             e,
             [
                 "line 2: server.lisen: unknown field `lisen`, expected one of `listen`, `metrics_listen`, `grpc_listen`, `log_level`, `log_format`, `name`, `triton_metrics`, `tls`, `worker_threads`",
-                "line 6: limits.max_body_bytes: invalid type: string \"big\", expected usize",
+                "line 6: limits.max_body_bytes: invalid type: string \"big\", expected a whole number, 0 or more",
                 "line 10: backends.url: invalid type: integer `5`, expected a string",
                 "line 11: backends.wieght: unknown field `wieght`, expected one of `name`, `url`, `encoding`, `models`, `classification`, `discovery`, `weight`, `model_repository`",
             ]
@@ -796,12 +886,61 @@ mod tests {
         assert_eq!(c.backends[0].url.get_ref(), "builtin");
     }
 
+    /// A schema error (a value of the wrong kind) does not hide the value checks: the rest
+    /// of the file is checked with that line set aside, and every error is reported at once.
+    #[test]
+    fn schema_errors_and_value_errors_are_reported_together() {
+        let e = errors(
+            "[server]\nlisten = \"bad\"\n[limits]\nrequest_timeout_ms = 0\nmax_body_bytes = \"big\"\nmax_header_bytes = 5\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "line 2: server.listen: 'bad' is not an address (IP:port, such as 0.0.0.0:8000 or [::]:8000; host names are not resolved): invalid socket address syntax",
+                "line 4: limits.request_timeout_ms must be at least 1, not 0: every request would time out",
+                "line 5: limits.max_body_bytes: invalid type: string \"big\", expected a whole number, 0 or more",
+                "line 6: limits.max_header_bytes must be at least 8192, not 5: hyper reads HTTP/1 heads into buffers of at least 8192 bytes, so a lower limit would hold for h2 alone",
+            ]
+        );
+    }
+
+    /// A line set aside for its schema error holds a default in the config the value
+    /// checks see: they say nothing of it, nor of its table as a whole.
+    #[test]
+    fn value_checks_do_not_judge_a_line_set_aside() {
+        let only = |text: &str, expected: &str| {
+            let e = errors(text);
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].starts_with(expected), "{e:?}");
+        };
+        only(
+            "[auth]\ntokens_file = 5\n",
+            "line 2: auth.tokens_file: invalid type",
+        );
+        only(
+            "[fleet.pins]\nstore = \"Redis\"\nurl = \"redis://127.0.0.1:6379/0\"\n",
+            "line 2: fleet.pins.store: unknown variant",
+        );
+        only(
+            "[fleet.pins]\nstore = \"redis\"\nurl = 6379\n",
+            "line 3: fleet.pins.url: invalid type",
+        );
+        only(
+            "[fleet]\neject_base_ms = \"5s\"\neject_max_ms = 10\n",
+            "line 2: fleet.eject_base_ms: invalid type",
+        );
+        // A value over several lines: its first line set aside leaves the rest unreadable,
+        // and the search stops there rather than report what the blanking made.
+        let e = errors("[server]\nlisten = [\n  \"a\",\n]\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+    }
+
     #[test]
     fn fleet_values_are_checked() {
         let e = errors("[fleet]\nhash_table_size = 1000\n");
         assert_eq!(
             e,
-            ["line 2: hash_table_size must be from 1009 to 16777213, not 1000"]
+            ["line 2: fleet.hash_table_size must be from 1009 to 16777213, not 1000"]
         );
         let e = errors(
             "[[backends]]\nname = \"b\"\nurl = \"https://models.svc:8000\"\ndiscovery = \"dns\"\n",
@@ -967,8 +1106,8 @@ mod tests {
             errors("[fleet.pins]\nstore = \"redis\"\nurl = \"http://:pw@h:1\"\ntimeout_ms = 0\nkey_prefix = \"\"\n"),
             [
                 "line 3: fleet.pins.url: 'http://:***@h:1' is not a redis:// or rediss:// URL",
-                "line 5: fleet.pins.key_prefix must not be empty",
                 "line 4: fleet.pins.timeout_ms must be from 1 to 60000, not 0",
+                "line 5: fleet.pins.key_prefix must not be empty",
             ]
         );
         assert_eq!(
