@@ -1311,6 +1311,18 @@ async fn requests_whose_client_went_away_are_counted() {
             .get()
     );
     assert_eq!(metrics.timeouts.with_label_values(&["m"]).get(), 0);
+    // What each had learned before it was cut off is kept: the bytes it read, and the
+    // backend it was waiting for (the access line's backend, and the latency series').
+    let rest_bytes = serde_json::to_vec(&body).unwrap().len() as u64;
+    let grpc_bytes = m_request().encoded_len() as u64;
+    assert_eq!(
+        metrics.bytes_received.with_label_values(&["m"]).get(),
+        rest_bytes + grpc_bytes
+    );
+    for protocol in ["rest", "grpc"] {
+        let waited_for = metrics.duration.with_label_values(&["m", "slow", protocol]);
+        assert_eq!(waited_for.get_sample_count(), 1, "{protocol}");
+    }
     gw.shutdown().await;
 }
 

@@ -65,6 +65,41 @@ pub struct Observation {
     /// The failed request's error message, for the access log of an edge that writes it
     /// after the error has become a response (REST).
     pub error: Option<String>,
+    /// Where `note` leaves what is known so far, for a request whose future is dropped.
+    pub trail: Option<std::sync::Arc<Trail>>,
+}
+
+/// What a request had learned when it last noted it (`Observation::note`): its backend, the
+/// bytes it read, the trace context it sent on, its sequence. A request whose future the
+/// transport drops (its client went away, `Abandoned`) loses its `Observation` with it; its
+/// access line and counts are made from the trail instead, so that a cancelled request can
+/// still be found in its backend's log by its traceparent, and its bytes are counted.
+#[derive(Default)]
+pub struct Trail(Mutex<Noted>);
+
+#[derive(Default)]
+struct Noted {
+    backend: Option<String>,
+    sequence: Option<String>,
+    traceparent: Option<String>,
+    bytes_in: u64,
+}
+
+impl Trail {
+    /// Fills in what `obs` does not know from the last note.
+    pub fn fill(&self, obs: &mut Observation) {
+        let noted = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if obs.backend.is_none() {
+            obs.backend.clone_from(&noted.backend);
+        }
+        if obs.sequence.is_none() {
+            obs.sequence.clone_from(&noted.sequence);
+        }
+        if obs.traceparent.is_none() {
+            obs.traceparent.clone_from(&noted.traceparent);
+        }
+        obs.bytes_in = obs.bytes_in.max(noted.bytes_in);
+    }
 }
 
 impl Observation {
@@ -73,6 +108,17 @@ impl Observation {
             protocol,
             ..Observation::default()
         }
+    }
+
+    /// Leaves what is known so far in the request's trail, if it has one: called before an
+    /// await whose end the client may not wait for (the body's decode, the backend's call).
+    pub fn note(&self) {
+        let Some(trail) = &self.trail else { return };
+        let mut noted = trail.0.lock().unwrap_or_else(|e| e.into_inner());
+        noted.backend.clone_from(&self.backend);
+        noted.sequence.clone_from(&self.sequence);
+        noted.traceparent.clone_from(&self.traceparent);
+        noted.bytes_in = self.bytes_in;
     }
 
     /// Moves `waited`, part of a backend call already counted in `compute_infer`, to

@@ -21,7 +21,7 @@ use crate::error::GatewayError;
 use crate::gateway::core::{self, InferContext, Outcome, Protocol};
 use crate::gateway::heavy;
 use crate::gateway::observe::{
-    access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, WENT_AWAY,
+    access_log, record_infer, Abandoned, CutOff, Observation, PeerAddr, Phase, Trail, WENT_AWAY,
 };
 use crate::gateway::{Gateway, Raised, REQUEST_ID};
 use crate::headers::names;
@@ -136,15 +136,18 @@ pub(super) async fn call(
     // The model, once the message has named it: a call cancelled after that is a CANCELED
     // failure of that model's, as on a stream and over REST.
     let named = std::sync::OnceLock::new();
+    let trail = Arc::new(Trail::default());
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
             request_id: request_id.clone(),
             peer,
             model: named.get().cloned(),
+            trail: &trail,
         };
         went_away(gw, INFER_PATH, start, WENT_AWAY, what)
     });
     let mut obs = Observation::new(Protocol::Grpc);
+    obs.trail = Some(trail.clone());
     obs.request_id = request_id.clone();
     obs.peer = peer;
     // Auth and the concurrency permit are the shared layers' (`gateway::layers`).
@@ -189,6 +192,7 @@ async fn infer_one(
 ) -> Result<pb::ModelInferResponse, GatewayError> {
     let config = gw.config();
     obs.bytes_in = msg.encoded_len() as u64;
+    obs.note();
     super::required("model_name", &msg.model_name)?;
     let model = msg.model_name.clone();
     let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
@@ -301,12 +305,12 @@ fn finish(
 const STREAM_ENDED: &str = "the stream ended before the answer (the client cancelled it or went away, or an earlier message could not be read)";
 
 /// What a call that ended before its answer is known by: the client's request id, and the
-/// model and version its message names once it has been read.
-#[derive(Default)]
-struct Abandon {
+/// model and version its message names once it has been read, and what it had got to.
+struct Abandon<'a> {
     request_id: Option<HeaderValue>,
     peer: Option<std::net::SocketAddr>,
     model: Option<(String, Option<String>)>,
+    trail: &'a Trail,
 }
 
 /// A ModelInfer, or one message of a stream, whose call ended before the answer (the
@@ -327,6 +331,7 @@ fn went_away(gw: &Gateway, path: &'static str, start: Instant, why: &str, what: 
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = what.request_id;
     obs.peer = what.peer;
+    what.trail.fill(&mut obs);
     if let Some((model, version)) = what.model {
         gw.observe_model(model, version, &mut obs);
         obs.failure = Some(cut_off.reason());
@@ -535,11 +540,13 @@ async fn stream_message(
     };
     let request_id = ctx.as_ref().ok().and_then(|c| c.request_id.clone());
     // Armed before the wait for its turn: a message cut off while it waits is counted too.
+    let trail = Arc::new(Trail::default());
     let abandoned = Abandoned::new(|| {
         let what = Abandon {
             request_id: request_id.clone(),
             peer,
             model: Some(model.clone()),
+            trail: &trail,
         };
         went_away(gw, STREAM_PATH, start, STREAM_ENDED, what)
     });
@@ -550,6 +557,7 @@ async fn stream_message(
     let mut obs = Observation::new(Protocol::Grpc);
     obs.request_id = request_id.clone();
     obs.peer = peer;
+    obs.trail = Some(trail.clone());
     let result = async {
         let msg = decoded?;
         let ctx = ctx?;

@@ -95,7 +95,10 @@ impl tower::Service<Request<Body>> for Dispatch {
     fn call(&mut self, req: Request<Body>) -> DispatchFuture {
         let gw = self.0.clone();
         Box::pin(async move {
-            let mut obs = observe::Observation::default();
+            let mut obs = observe::Observation {
+                trail: req.extensions().get::<Arc<observe::Trail>>().cloned(),
+                ..Default::default()
+            };
             let mut response = match dispatch(&gw, req, &mut obs).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -129,18 +132,23 @@ where
     let is_infer = path.ends_with("/infer");
     let request_id = req.headers().get(&crate::gateway::REQUEST_ID).cloned();
     let peer = observe::PeerAddr::of(req.extensions());
+    // Only an inference awaits long enough to be worth a trail.
+    let trail = is_infer.then(|| Arc::new(observe::Trail::default()));
     let abandoned = observe::Abandoned::new(|| {
         went_away(
             &gw,
             &method,
             &path,
-            is_infer,
+            (is_infer, trail.as_deref()),
             start,
             (request_id.clone(), peer),
         )
     });
     // One body type inside the stack, whatever the listener's.
-    let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
+    let mut req = req.map(|b| b.map_err(Into::into).boxed_unsync());
+    if let Some(trail) = &trail {
+        req.extensions_mut().insert(trail.clone());
+    }
     let handler = Dispatch(gw.clone());
     let stack = tower::ServiceBuilder::new()
         .layer(AuthLayer::auth(
@@ -244,13 +252,16 @@ fn went_away(
     gw: &Gateway,
     method: &http::Method,
     path: &str,
-    is_infer: bool,
+    (is_infer, trail): (bool, Option<&observe::Trail>),
     start: Instant,
     (request_id, peer): (Option<HeaderValue>, Option<std::net::SocketAddr>),
 ) {
     let mut obs = observe::Observation::new(observe::Protocol::Rest);
     obs.request_id = request_id;
     obs.peer = peer;
+    if let Some(trail) = trail {
+        trail.fill(&mut obs);
+    }
     let elapsed = start.elapsed();
     let cut_off = gw.cut_off();
     let status = cut_off.status();
@@ -349,6 +360,7 @@ where
             let mut held = gw.bodies.reserve();
             let (parts, body, header_length) = read_infer_body(&config, req, &mut held).await?;
             obs.bytes_in = body.len() as u64;
+            obs.note();
             // Admitted once the body is here (`RestPolicy`), held until the answer.
             let _permit = gw.admit()?;
             infer::infer(

@@ -447,6 +447,7 @@ impl Attempt<'_> {
             held: self.held.keep(),
         };
         let inferring = Phase::start();
+        obs.note();
         let reply = self.bounded(backend, backend.backend.infer(call)).await;
         inferring.end(&mut obs.compute_infer);
         // An execution is a call that may have reached the backend: a refused connection
