@@ -109,25 +109,37 @@ impl Reservation {
         let Some(held) = &self.0 else {
             return Ok(());
         };
-        let (budget, now) = (&held.budget, held.bytes.load(Ordering::Acquire));
-        if total > now {
-            if total > budget.limit {
-                return Err(GatewayError::PayloadTooLarge(format!(
-                    "the request body is larger than the {} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
-                    budget.limit
-                )));
-            }
-            if !budget.take(total - now) {
+        let budget = &held.budget;
+        if total > budget.limit {
+            return Err(GatewayError::PayloadTooLarge(format!(
+                "the request body is larger than the {} bytes all request bodies may hold at once (limits.max_buffered_body_bytes)",
+                budget.limit
+            )));
+        }
+        // One holder changes the amount at a time today; the exchange keeps the count
+        // right should two ever race (each takes its difference, and a loser gives it back).
+        loop {
+            let now = held.bytes.load(Ordering::Acquire);
+            if total > now && !budget.take(total - now) {
                 return Err(GatewayError::BodiesFull(format!(
                     "tensorgate holds its limit of {} bytes of request bodies (limits.max_buffered_body_bytes); retry later",
                     budget.limit
                 )));
             }
-        } else {
-            budget.give_back(now - total);
+            match held
+                .bytes
+                .compare_exchange(now, total, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if total < now {
+                        budget.give_back(now - total);
+                    }
+                    return Ok(());
+                }
+                Err(_) if total > now => budget.give_back(total - now),
+                Err(_) => {}
+            }
         }
-        held.bytes.store(total, Ordering::Release);
-        Ok(())
     }
 
     /// `hold(total)` for `what` (the request, the request message) once decoded, with the

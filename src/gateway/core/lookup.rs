@@ -92,12 +92,11 @@ fn unknown(gw: &Gateway, model: &str) -> GatewayError {
         .filter(|h| h.only_models.is_empty() || h.only_models.iter().any(|m| m == model))
         .filter_map(|h| {
             let state = h.state.load();
-            (!state.reachable && state.models.is_empty() && state.unavailable.is_empty()).then(
-                || match &state.last_error {
-                    Some(why) => format!("backend '{}' ({why})", h.name),
-                    None => format!("backend '{}'", h.name),
-                },
-            )
+            // Never answered: a backend that did and went down keeps its server metadata.
+            (!state.reachable && state.server.is_none()).then(|| match &state.last_error {
+                Some(why) => format!("backend '{}' ({why})", h.name),
+                None => format!("backend '{}'", h.name),
+            })
         })
         .collect();
     if unreached.is_empty() {
