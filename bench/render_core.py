@@ -62,7 +62,8 @@ for bare in ("hyper_p1", "hyper_p1_buffered"):
                      f"its CPU per request")
         print(line + ".")
 b = runs.get("backend_direct")
-fast = max((median(x["rps"] for x in runs[k]) for k in ("nginx_p1", "tensorgate_p1") if k in runs), default=0)
+fast = max((median(x["rps"] for x in runs[k])
+            for k in ("nginx_p1", "tensorgate_p1", "hyper_p1", "hyper_p1_buffered") if k in runs), default=0)
 if b and fast:
     print(f"\nBackend headroom: {median(x['rps'] for x in b) / fast:.2f} x the faster proxy (target ≥ 1.5).")
 for memory, redis in (("tensorgate_p2", "tensorgate_p2_redis"), ("tensorgate_p2x20", "tensorgate_p2x20_redis"),

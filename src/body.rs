@@ -118,17 +118,24 @@ pub fn error_response(e: &GatewayError) -> Response<Body> {
 
 /// A response carrying an encoded inference body with the binary extension's headers.
 pub fn encoded_response(body: EncodedBody) -> Response<Body> {
-    let mut r = Response::builder()
+    answer_head(&body)
+        .body(PartsBody::new(body.parts).boxed_unsync())
+        .expect("valid response parts")
+}
+
+/// An encoded inference answer's status and headers (its content type, and the binary
+/// extension's `Inference-Header-Content-Length`), for a body sent as it is or compressed.
+pub fn answer_head(body: &EncodedBody) -> http::response::Builder {
+    let r = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, body.content_type());
-    if let Some(n) = body.header_length() {
-        r = r.header(
+    match body.header_length() {
+        Some(n) => r.header(
             crate::headers::INFERENCE_HEADER_CONTENT_LENGTH,
             HeaderValue::from(n as u64),
-        );
+        ),
+        None => r,
     }
-    r.body(PartsBody::new(body.parts).boxed_unsync())
-        .expect("valid response parts")
 }
 
 #[cfg(test)]

@@ -1010,6 +1010,16 @@ async fn a_client_that_stops_reading_is_cut_off() {
     gw.shutdown().await;
 }
 
+/// A gateway whose body limit and budget for bodies are both `budget`: it holds one
+/// largest body at a time.
+async fn budgeted(budget: usize) -> Running {
+    gateway(|c| {
+        c.limits.max_body_bytes = budget;
+        c.limits.max_buffered_body_bytes = budget;
+    })
+    .await
+}
+
 /// `limits.max_buffered_body_bytes` bounds the request bodies held at once across all
 /// requests: while one client's large body is arriving, another body that would exceed the
 /// budget gets 503 with Retry-After and Connection: close (its rest is unread), and so does a
@@ -1141,11 +1151,7 @@ async fn request_bodies_share_one_memory_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tensors_decoded_from_json_count_against_the_budget() {
     const BUDGET: usize = 1 << 20;
-    let gw = gateway(|c| {
-        c.limits.max_body_bytes = BUDGET;
-        c.limits.max_buffered_body_bytes = BUDGET;
-    })
-    .await;
+    let gw = budgeted(BUDGET).await;
     let n = 300_000;
     let zeros = vec!["0"; n].join(",");
     let body = format!(
@@ -1171,11 +1177,11 @@ async fn tensors_decoded_from_json_count_against_the_budget() {
 }
 
 /// A large answer is not compressed on the connection's thread (70 MB of JSON took 5.6 s
-/// of it, and liveness probes sharing it waited as long): it is gzipped on the blocking
-/// pool for a client that accepts gzip, and sent as it is to one that accepts only other
-/// codings.
+/// of it, and liveness probes sharing it waited as long): it is gzipped by the gateway for
+/// a client that accepts gzip, and sent as it is to one that accepts only other codings.
+/// (That the gzip runs on the blocking pool is `gateway::heavy`'s own test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_answer_is_gzipped_off_the_connections_thread() {
+async fn a_large_answer_is_gzipped_only_for_a_client_that_takes_gzip() {
     let gw = gateway(|_| {}).await;
     let n = 100_000;
     let head = format!(
@@ -1227,11 +1233,7 @@ async fn a_large_answer_is_gzipped_off_the_connections_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_compressed_body_holds_only_its_compressed_bytes() {
     const BUDGET: usize = 1 << 20;
-    let gw = gateway(|c| {
-        c.limits.max_body_bytes = BUDGET;
-        c.limits.max_buffered_body_bytes = BUDGET;
-    })
-    .await;
+    let gw = budgeted(BUDGET).await;
     let addr = gw.addr;
     let gauge = gw.gateway.metrics.buffered_body_bytes.clone();
     // Long numbers, so that the body and the tensor it decodes to (4 bytes an element,

@@ -11,7 +11,7 @@ use flate2::write::GzEncoder;
 use http::{header, HeaderMap, HeaderValue, Response};
 use std::io::Write;
 
-use crate::body::{encoded_response, Body, PartsBody};
+use crate::body::{answer_head, encoded_response, Body, PartsBody};
 use crate::body_budget::Reservation;
 use crate::error::GatewayError;
 use crate::gateway::heavy;
@@ -66,23 +66,17 @@ pub async fn own_answer(
     if !gzip {
         return Ok(encoded_response(encoded));
     }
-    let (content_type, header_length) = (encoded.content_type(), encoded.header_length());
+    // The head is the uncompressed answer's: IHCL counts bytes of the inflated body, as
+    // Triton's clients read it.
+    let head = answer_head(&encoded)
+        .header(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"))
+        .header(header::VARY, HeaderValue::from_static("accept-encoding"));
     let compressed = heavy::run(len, "compressing the answer", held, move |_| {
         gzip_parts(&encoded.parts)
     })
     .await?;
-    let mut r = Response::builder()
-        .status(http::StatusCode::OK)
-        .header(header::CONTENT_TYPE, content_type)
-        .header(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"))
-        .header(header::VARY, HeaderValue::from_static("accept-encoding"));
-    if let Some(n) = header_length {
-        r = r.header(
-            crate::headers::INFERENCE_HEADER_CONTENT_LENGTH,
-            HeaderValue::from(n as u64),
-        );
-    }
-    Ok(r.body(PartsBody::new(vec![compressed]).boxed_unsync())
+    Ok(head
+        .body(PartsBody::new(vec![compressed]).boxed_unsync())
         .expect("valid response parts"))
 }
 
