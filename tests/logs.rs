@@ -114,7 +114,7 @@ async fn log_of_one_request(log_format: &str) -> (String, Refusals) {
     };
     let error = refused(
         "/v2/models/simple/infer",
-        r#"{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]}"#,
+        r#"{"parameters":{"sequence_id":77},"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[1]}]}"#,
     )
     .await;
     let unload_error = refused("/v2/repository/models/nope/unload", "").await;
@@ -186,6 +186,8 @@ async fn json_access_logs() {
     assert_eq!(refused["status"], 400);
     assert_eq!(refused["error"], refusals.infer.as_str());
     assert_eq!(refused["request_id"], "-");
+    // Refused or not, a sequence's request is found by the sequence's id.
+    assert_eq!(refused["sequence_id"], "77");
     let unload = line_of("/v2/repository/models/nope/unload");
     assert_eq!(unload["status"], 400);
     assert_eq!(unload["error"], refusals.unload.as_str());

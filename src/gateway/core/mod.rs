@@ -110,13 +110,15 @@ pub async fn infer(
     ctx: InferContext<'_>,
     obs: &mut Observation,
 ) -> Result<Outcome, GatewayError> {
-    let validating = super::observe::Phase::start();
-    validate_request(req, &entry.metadata)?;
+    // Before validation: a refused request of a sequence is one its client will look for
+    // by the sequence's id.
     obs.sequence = req
         .options
         .sequence_id
         .as_ref()
         .map(crate::routing::describe_sequence);
+    let validating = super::observe::Phase::start();
+    validate_request(req, &entry.metadata)?;
     obs.batch = Some(batch_size(req, &entry.metadata));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
