@@ -240,10 +240,16 @@ fn worker_threads(text: &str) -> Result<usize, String> {
 
 fn print_errors(file: &std::path::Path, errors: &[tensorgate::config::ConfigError]) {
     for e in errors {
-        match e.line {
-            Some(l) => eprintln!("{}:{l}: {}", file.display(), e.message),
-            None => eprintln!("{}: {}", file.display(), e.message),
-        }
+        eprintln!("{}", located(file, e));
+    }
+}
+
+/// `file:line: message`, as compilers write it (and editors jump to it); a reload's log
+/// line says it the same way as `check-config`.
+fn located(file: &std::path::Path, e: &tensorgate::config::ConfigError) -> String {
+    match e.line {
+        Some(l) => format!("{}:{l}: {}", file.display(), e.message),
+        None => format!("{}: {}", file.display(), e.message),
     }
 }
 
@@ -411,7 +417,7 @@ fn main() -> ExitCode {
                     Some(path) => Config::load(path).map_err(|errors| {
                         errors
                             .iter()
-                            .map(|e| format!("{}: {e}", path.display()))
+                            .map(|e| located(path, e))
                             .collect::<Vec<_>>()
                             .join("; ")
                     })?,

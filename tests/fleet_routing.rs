@@ -637,6 +637,29 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
         ready_models(&client, &g1.base).await,
         vec!["classifier", "simple"]
     );
+
+    // A file with a mistake: the refusal in the log names the file and the line, as
+    // `check-config` does (`file:line: message`).
+    let broken = gateway_toml(&[("a", &wa.url)], fleet)
+        + "[[backends]]\nname = \"z\"\nurl = \"http://127.0.0.1:1\"\nweight = 0\n";
+    let line = broken.lines().position(|l| l == "weight = 0").unwrap() + 1;
+    write_atomically(&watched, &broken);
+    let expected = format!(
+        "{}:{line}: backend 'z': weight must be at least 1",
+        watched.display()
+    );
+    assert!(
+        eventually(100, Duration::from_millis(100), || async {
+            g1.log_text().contains(&expected)
+        })
+        .await,
+        "{expected} not in the log:\n{}",
+        g1.log_text()
+    );
+    assert_eq!(
+        ready_models(&client, &g1.base).await,
+        vec!["classifier", "simple"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
