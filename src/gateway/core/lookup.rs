@@ -102,15 +102,25 @@ fn unknown(gw: &Gateway, model: &str) -> GatewayError {
     if unreached.is_empty() {
         return GatewayError::NotFound(format!("unknown model '{model}'"));
     }
+    GatewayError::Unavailable(not_yet_known(model, &unreached))
+}
+
+/// Why `model` is not known yet, for the backends (described) that were never reached.
+fn not_yet_known(model: &str, unreached: &[String]) -> String {
     let (have, they) = if unreached.len() == 1 {
         ("has", "it serves")
     } else {
         ("have", "they serve")
     };
-    GatewayError::Unavailable(format!(
-        "unknown model '{model}', but {} {have} not been reached to say which models {they}; retry later",
-        unreached.join(" and "),
-    ))
+    let named = match unreached {
+        [.., last] if unreached.len() > 1 => {
+            format!("{} and {last}", unreached[..unreached.len() - 1].join(", "))
+        }
+        _ => unreached.join(""),
+    };
+    format!(
+        "unknown model '{model}', but {named} {have} not been reached to say which models {they}; retry later"
+    )
 }
 
 /// Why a model is not in the catalog: unknown, or known to a backend's repository that
@@ -159,5 +169,30 @@ fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
         GatewayError::Unavailable(message)
     } else {
         GatewayError::NotFound(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_yet_known;
+
+    #[test]
+    fn unreached_backends_are_named_in_a_sentence() {
+        let named = |n: &[&str]| {
+            let n: Vec<String> = n.iter().map(|s| s.to_string()).collect();
+            not_yet_known("m", &n)
+        };
+        assert_eq!(
+            named(&["backend 'a' (refused)"]),
+            "unknown model 'm', but backend 'a' (refused) has not been reached to say which models it serves; retry later"
+        );
+        assert_eq!(
+            named(&["backend 'a'", "backend 'b' (timed out)"]),
+            "unknown model 'm', but backend 'a' and backend 'b' (timed out) have not been reached to say which models they serve; retry later"
+        );
+        assert_eq!(
+            named(&["backend 'a'", "backend 'b'", "backend 'c'"]),
+            "unknown model 'm', but backend 'a', backend 'b' and backend 'c' have not been reached to say which models they serve; retry later"
+        );
     }
 }
