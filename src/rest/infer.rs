@@ -24,9 +24,12 @@ use crate::protocol::{InferRequest, InferResponse};
 /// Checks `Inference-Header-Content-Length` before the body is read: one value (repeated
 /// lines must agree, or there is no right one to pick), a number, and within the JSON limit,
 /// so that a body is not read for a header the limit refuses anyway. Returns the length.
+/// `coded`: the body has a content coding, so its `Content-Length` is not the length the
+/// header speaks of.
 pub fn check_header_length(
     headers: &http::HeaderMap,
     max_json: usize,
+    coded: bool,
 ) -> Result<Option<usize>, GatewayError> {
     let mut values = headers.get_all(&INFERENCE_HEADER_CONTENT_LENGTH).iter();
     let Some(first) = values.next() else {
@@ -42,12 +45,22 @@ pub fn check_header_length(
         )));
     }
     let n = parse_header_length(first.as_bytes())?;
+    // As sent: a length past usize::MAX was read as usize::MAX.
+    let sent = || String::from_utf8_lossy(first.as_bytes()).trim().to_string();
+    // A length the body cannot have is a malformed request, not one too large for a limit.
+    let body_length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if let Some(len) = body_length.filter(|len| !coded && n as u64 > *len) {
+        return Err(GatewayError::BadRequest(format!(
+            "Inference-Header-Content-Length is {} but the body has only {len} bytes",
+            sent()
+        )));
+    }
     if n > max_json {
-        // As sent: a length past usize::MAX was read as usize::MAX.
-        let sent = String::from_utf8_lossy(first.as_bytes());
         return Err(GatewayError::PayloadTooLarge(format!(
             "the JSON request is {} bytes (Inference-Header-Content-Length); the limit is {max_json} (limits.max_json_bytes)",
-            sent.trim()
+            sent()
         )));
     }
     Ok(Some(n))
@@ -189,7 +202,7 @@ mod tests {
         let length = |v: &'static str| {
             let mut h = http::HeaderMap::new();
             h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from_static(v));
-            check_header_length(&h, 100).map_err(|e| e.message().to_string())
+            check_header_length(&h, 100, false).map_err(|e| e.message().to_string())
         };
         assert_eq!(length("100"), Ok(Some(100)));
         for sent in ["101", "18446744073709551616", "99999999999999999999999"] {
@@ -198,5 +211,34 @@ mod tests {
                 Err(format!("the JSON request is {sent} bytes (Inference-Header-Content-Length); the limit is 100 (limits.max_json_bytes)"))
             );
         }
+    }
+
+    /// A header length past the body's own (Content-Length) is a 400 however large it is;
+    /// against a compressed body's length it means nothing, and the limit decides.
+    #[test]
+    fn a_header_length_past_the_body_is_a_bad_request() {
+        let check = |v: &'static str, body: &'static str, coded: bool| {
+            let mut h = http::HeaderMap::new();
+            h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from_static(v));
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_static(body));
+            check_header_length(&h, 100, coded).map_err(|e| (e.status(), e.message().to_string()))
+        };
+        assert_eq!(check("13", "13", false), Ok(Some(13)));
+        for sent in ["14", "101", "18446744073709551621"] {
+            assert_eq!(
+                check(sent, "13", false),
+                Err((
+                    http::StatusCode::BAD_REQUEST,
+                    format!(
+                        "Inference-Header-Content-Length is {sent} but the body has only 13 bytes"
+                    )
+                ))
+            );
+        }
+        assert_eq!(check("14", "13", true), Ok(Some(14)));
+        assert_eq!(
+            check("101", "13", true).unwrap_err().0,
+            http::StatusCode::PAYLOAD_TOO_LARGE
+        );
     }
 }

@@ -389,7 +389,11 @@ where
     B::Error: Into<BoxError>,
 {
     let coding = content_coding(&req)?;
-    let header_length = infer::check_header_length(req.headers(), config.limits.max_json_bytes)?;
+    let header_length = infer::check_header_length(
+        req.headers(),
+        config.limits.max_json_bytes,
+        coding.is_some(),
+    )?;
     let (parts, body) = req.into_parts();
     // A body without the binary extension is all JSON: it may be no larger than the JSON
     // limit, checked as it arrives (and inflates), not once it is all here.
