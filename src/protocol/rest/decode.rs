@@ -440,6 +440,15 @@ pub fn decode_request(
                     e.message()
                 ));
             }
+            // The JSON cut short where the header says it ends: the header is the likelier
+            // mistake, and the parser's words do not name it.
+            if header_length.is_some() && e.message().contains("EOF while parsing") {
+                return ProtocolError::invalid(format!(
+                    "{}; the JSON part ends at byte {} (Inference-Header-Content-Length): is the header the JSON part's length?",
+                    e.message(),
+                    json.len()
+                ));
+            }
             e
         })?,
     };
@@ -745,6 +754,17 @@ mod tests {
             binary_without_header.ends_with("; a body with binary tensors after its JSON needs the Inference-Header-Content-Length header (the JSON part's length)"),
             "{binary_without_header}"
         );
+        // A header length that cuts the JSON short is named as the likely cause.
+        let body = Bytes::from(input(r#""datatype":"INT8","shape":[2],"data":[1,2]"#));
+        let short = decode_request(&body, Some(b"20"), &Limits::default())
+            .unwrap_err()
+            .message()
+            .to_string();
+        assert!(
+            short.ends_with("; the JSON part ends at byte 20 (Inference-Header-Content-Length): is the header the JSON part's length?"),
+            "{short}"
+        );
+        assert!(short.contains("EOF while parsing"), "{short}");
     }
 
     /// A client's parameter is a string, a number or a bool, wherever it is.
