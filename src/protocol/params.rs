@@ -321,6 +321,9 @@ impl RequestOptions {
         // Triton's one `triton_` request parameter: a stream's answers then say which is a
         // request's last (`triton_final_response`). Every answer is, here.
         p.get_bool(ENABLE_EMPTY_FINAL_RESPONSE)?;
+        // Triton's scheduling priority: checked here, as `timeout` is, so that a wrong type
+        // is the gateway's 400 naming it and not a backend's error (or silence).
+        p.get_uint("priority")?;
         let sequence_start = p.get_bool("sequence_start")?.unwrap_or(false);
         let sequence_end = p.get_bool("sequence_end")?.unwrap_or(false);
         if sequence_id.is_none() {
@@ -509,6 +512,12 @@ mod tests {
             err(r#"{"timeout": -5}"#),
             "parameter 'timeout' must be an unsigned integer, not a negative integer"
         );
+        assert_eq!(
+            err(r#"{"priority": "high"}"#),
+            "parameter 'priority' must be an unsigned integer, not a string"
+        );
+        let p: Parameters = serde_json::from_str(r#"{"priority": 2}"#).unwrap();
+        assert!(RequestOptions::from_parameters(&p).is_ok());
     }
 
     #[test]
