@@ -34,6 +34,10 @@ pub struct ModelList {
     /// It answered `POST /v2/repository/index`: it has the repository endpoints, listed as an
     /// extension or not (MLServer 1.7 lists no extensions at all).
     pub answers_index: bool,
+    /// Models it lists whose metadata got no answer this round (the connection refused or
+    /// cut): most often the backend going down mid-round. The fleet keeps what it knew of
+    /// them, not ready, so that they stay known (503) rather than turn unknown (404).
+    pub unanswered: Vec<String>,
 }
 
 /// The repository extension's two actions on one model.

@@ -244,6 +244,7 @@ impl Backend for BuiltinBackend {
                 tolerated: vec![],
                 unavailable: self.unavailable(),
                 answers_index: self.repository.is_some(),
+                unanswered: vec![],
             })
         })
     }

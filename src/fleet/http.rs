@@ -462,8 +462,9 @@ impl Backend for HttpBackend {
                 let (status, body) = match self.call(Method::GET, &path, None).await {
                     Ok(answer) => answer,
                     Err(e) => {
-                        tracing::warn!(backend = %self.base, model = %name, error = ?e, "model metadata did not arrive; the model is not used this round");
+                        tracing::warn!(backend = %self.base, model = %name, error = ?e, "model metadata did not arrive; the model is kept as it was, not ready, this round");
                         refused.push(format!("GET {path} failed"));
+                        out.unanswered.push(name);
                         continue;
                     }
                 };

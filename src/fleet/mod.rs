@@ -439,12 +439,25 @@ async fn refresh_backend(
             for t in &list.tolerated {
                 tolerated.with_label_values(&[&h.name, t.label()]).inc();
             }
-            let models: HashMap<String, DiscoveredModel> = list
+            let mut models: HashMap<String, DiscoveredModel> = list
                 .models
                 .into_iter()
                 .filter(|m| h.only_models.is_empty() || h.only_models.contains(&m.metadata.name))
                 .map(|m| (m.metadata.name.clone(), m))
                 .collect();
+            // A model whose metadata got no answer is not gone: it keeps what was known of
+            // it, not ready (a 503 to retry, not a 404 that clients take as final).
+            let previous = h.state.load();
+            for name in &list.unanswered {
+                if let Some(known) = previous.models.get(name) {
+                    models
+                        .entry(name.clone())
+                        .or_insert_with(|| DiscoveredModel {
+                            metadata: known.metadata.clone(),
+                            ready: false,
+                        });
+                }
+            }
             let no_models = models.is_empty().then(|| {
                 if list.tried.is_empty() {
                     format!(
@@ -456,7 +469,7 @@ async fn refresh_backend(
                 }
             });
             // Said once when it starts (or its reason changes), not at every refresh.
-            if no_models.is_some() && no_models != h.state.load().no_models {
+            if no_models.is_some() && no_models != previous.no_models {
                 tracing::warn!(backend = %h.name, tried = %no_models.as_deref().unwrap_or_default(), "backend exposes no models");
             }
             let mut capabilities = Capabilities::learn(&server, h.encoding);
@@ -566,8 +579,9 @@ mod tests {
         assert!(!mlserver.binary);
     }
 
-    /// Answers readiness probes from a script, one entry per probe.
-    struct Scripted(Mutex<Vec<Result<(), BackendError>>>);
+    /// Answers readiness probes from a script, one entry per probe; lists one model, `m`,
+    /// or the next of `lists` while there is one.
+    struct Scripted(Mutex<Vec<Result<(), BackendError>>>, Mutex<Vec<ModelList>>);
 
     impl Backend for Scripted {
         fn in_process(&self) -> bool {
@@ -586,7 +600,14 @@ mod tests {
             &'a self,
             _configured: &'a [String],
         ) -> BoxFuture<'a, Result<ModelList, BackendError>> {
+            let scripted = {
+                let mut lists = self.1.lock().unwrap();
+                (!lists.is_empty()).then(|| lists.remove(0))
+            };
             Box::pin(async {
+                if let Some(list) = scripted {
+                    return Ok(list);
+                }
                 let models = vec![DiscoveredModel {
                     metadata: ModelMetadata {
                         name: "m".into(),
@@ -613,10 +634,14 @@ mod tests {
     }
 
     fn handle(script: Vec<Result<(), BackendError>>) -> BackendHandle {
+        scripted(Arc::new(Scripted(Mutex::new(script), Mutex::new(vec![]))))
+    }
+
+    fn scripted(backend: Arc<Scripted>) -> BackendHandle {
         BackendHandle {
             name: "b".into(),
             key: "http://b".into(),
-            backend: Arc::new(Scripted(Mutex::new(script))),
+            backend,
             encoding: Encoding::Auto,
             classification: ClassificationMode::Auto,
             weight: 1,
@@ -676,5 +701,35 @@ mod tests {
         // A backend never seen reachable is not given the benefit of the doubt.
         let h = handle(vec![lost(), Ok(())]);
         assert_eq!(reachability(&h, 2, 5).await, [false, true]);
+    }
+
+    /// A backend that goes down between its index and a model's metadata: the model it
+    /// listed stays known, not ready, rather than vanish (which made it a 404); one the
+    /// fleet never knew is not made up.
+    #[tokio::test]
+    async fn a_model_whose_metadata_got_no_answer_stays_known_and_not_ready() {
+        let backend = Arc::new(Scripted(
+            Mutex::new(vec![Ok(()), Ok(()), Ok(())]),
+            Mutex::new(vec![]),
+        ));
+        let h = scripted(backend.clone());
+        let cut_off = |names: &[&str]| ModelList {
+            tried: "the index lists models, but GET /v2/models/m failed".into(),
+            unanswered: names.iter().map(|n| n.to_string()).collect(),
+            ..ModelList::default()
+        };
+        refresh_backend(&h, 1, &counter()).await;
+        assert!(h.state.load().models["m"].ready);
+        *backend.1.lock().unwrap() = vec![cut_off(&["m", "new"])];
+        refresh_backend(&h, 1, &counter()).await;
+        let state = h.state.load();
+        assert!(state.reachable);
+        assert_eq!(state.models.keys().collect::<Vec<_>>(), ["m"]);
+        assert!(!state.models["m"].ready);
+        assert_eq!(state.models["m"].metadata.name, "m");
+        assert_eq!(state.no_models, None);
+        // Its metadata answers again: ready again.
+        refresh_backend(&h, 1, &counter()).await;
+        assert!(h.state.load().models["m"].ready);
     }
 }
