@@ -600,8 +600,8 @@ async fn a_removed_backend_leaves_no_series() {
         assert!(before.contains(series), "{series} in\n{before}");
     }
 
-    config.set_backends(&[kept_url]).unwrap();
-    gw.gateway.reload(config).await.unwrap();
+    config.set_backends(&[kept_url.clone()]).unwrap();
+    gw.gateway.reload(config.clone()).await.unwrap();
     let after = scrape().await;
     assert!(
         !after.contains(r#"backend="backend-1""#),
@@ -615,8 +615,32 @@ async fn a_removed_backend_leaves_no_series() {
         "{after}"
     );
     assert!(after.contains(r#"tensorgate_backend_healthy{backend="backend-0"} 1"#));
+
+    // A backend of that name that joins again (a pod ready again, an address DNS gives
+    // back) has its latency series again, counted from zero.
+    let returned = worker().await.unwrap();
+    config
+        .set_backends(&[kept_url, format!("http://{}", returned.addr)])
+        .unwrap();
+    gw.gateway.reload(config).await.unwrap();
+    let mut served_again = false;
+    for _ in 0..200 {
+        if infer().await == "backend-1" {
+            served_again = true;
+            break;
+        }
+    }
+    assert!(served_again, "backend-1 never served again");
+    let again = scrape().await;
+    assert!(
+        again.contains(
+            r#"tensorgate_request_duration_seconds_count{backend="backend-1",model="simple",protocol="rest"} 1"#
+        ),
+        "{again}"
+    );
     gw.shutdown().await;
     kept.shutdown().await;
+    returned.shutdown().await;
 }
 
 /// `GET /v2/models/{m}/versions/{v}/stats` through the gateway: Triton's shape, key for

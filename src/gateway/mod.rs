@@ -273,6 +273,7 @@ impl Gateway {
         let live: std::collections::HashSet<&str> =
             backends.iter().map(|h| h.name.as_str()).collect();
         self.metrics.forget_backends(|b| live.contains(b));
+        self.stats.forget_backends(|b| live.contains(b));
     }
 
     /// Sets the gauges that describe state rather than events, just before a scrape.

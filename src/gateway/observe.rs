@@ -290,6 +290,22 @@ impl Stats {
 }
 
 impl Stats {
+    /// Drops the cached latency handles of backends that `live` refuses, whose series
+    /// `Metrics::forget_backends` removed: a handle kept would go on counting into a series
+    /// no longer registered, so a backend that came back (a pod ready again, an address
+    /// DNS gave back) would never have its latency shown again.
+    pub fn forget_backends(&self, live: impl Fn(&str) -> bool) {
+        for entry in self.models.iter() {
+            if let Some(series) = entry.value().series.get() {
+                series
+                    .durations
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(backend, _, _)| backend == "none" || live(backend));
+            }
+        }
+    }
+
     /// Opens a model version's Prometheus series at 0, as Triton exports every loaded model
     /// before its first request: a series born at 1 makes no `increase()`, and a dashboard
     /// should list a model that has served nothing yet.
