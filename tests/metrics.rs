@@ -74,6 +74,10 @@ async fn served_models_have_their_series_at_zero_before_any_request() {
             0.0,
         ),
         (r#"tensorgate_request_timeouts_total{model="simple"}"#, 0.0),
+        (
+            r#"nv_inference_pending_request_count{model="accumulate",version="1"}"#,
+            0.0,
+        ),
     ] {
         assert_eq!(m.get(name), Some(&want), "{name}");
     }

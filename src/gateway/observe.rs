@@ -320,6 +320,7 @@ impl Stats {
                 .with_label_values(&[model, version, reason.as_str()]);
         }
         metrics.timeouts.with_label_values(&[model]);
+        metrics.nv_pending.with_label_values(&[model, version]);
     }
 
     /// `{"model_stats": [...]}` for one model (and version) or all.
