@@ -132,7 +132,7 @@ impl Metrics {
             nv_exec_count: triton_counter(
                 t,
                 "nv_inference_exec_count",
-                "Number of model executions (requests sent to a backend)",
+                "Number of model executions (calls that may have reached a backend: a refused connection is none)",
                 mv,
             ),
             nv_duration_us: triton_counter(
@@ -240,7 +240,7 @@ impl Metrics {
             retries: counter(
                 &r,
                 "tensorgate_backend_retries_total",
-                "Requests sent on to another backend after this one refused the connection, or did not know a sequence that an earlier membership placed elsewhere",
+                "Requests sent on to another backend after this one refused the connection, closed it before answering a request that may be repeated, or answered 404 (a model or sequence it does not have)",
                 &["backend"],
             ),
             timeouts: counter(
