@@ -486,3 +486,51 @@ fn access_line(text: &str, path: &str) -> serde_json::Value {
         .find(|v| v["target"] == "tensorgate::access" && v["fields"]["path"] == path)
         .unwrap_or_else(|| panic!("no access line for {path} in {text}"))
 }
+
+/// An outage's end is in the log as its start is: a backend's first good health check says
+/// "backend reached", and one after failed checks "backend reachable again".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_comes_back_is_logged() {
+    let (port, metrics, backend_port) = (free_port(), free_port(), free_port());
+    let gw = LoggingGateway::start(
+        "comes-back",
+        port,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_level = \"info\"\n[fleet]\nrefresh_interval_ms = 100\n[[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{backend_port}\"\n"
+        ),
+        "/v2/health/live",
+    )
+    .await;
+    let ready = format!("{}/v2/models/simple/ready", gw.base);
+    let status_becomes = |want: u16| {
+        let ready = ready.clone();
+        async move {
+            for _ in 0..200 {
+                let got = reqwest::get(&ready).await.map(|r| r.status().as_u16());
+                if got.is_ok_and(|s| s == want) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        }
+    };
+    let worker = common_fleet::Worker::start("w", "127.0.0.1", backend_port, &["simple"]).await;
+    assert!(status_becomes(200).await, "the backend was never reached");
+    drop(worker);
+    assert!(status_becomes(503).await, "the backend never went down");
+    let worker = common_fleet::Worker::start("w", "127.0.0.1", backend_port, &["simple"]).await;
+    assert!(status_becomes(200).await, "the backend never came back");
+    let text = gw.stop();
+    drop(worker);
+    let reached = text
+        .find("backend reached")
+        .unwrap_or_else(|| panic!("{text}"));
+    let failed = text[reached..]
+        .find("backend health check failed")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        text[reached + failed..].contains("backend reachable again"),
+        "{text}"
+    );
+}

@@ -604,7 +604,9 @@ async fn a_removed_backend_leaves_no_series() {
         assert!(before.contains(series), "{series} in\n{before}");
     }
 
-    config.set_backends(&[kept_url.clone()]).unwrap();
+    config
+        .set_backends(std::slice::from_ref(&kept_url))
+        .unwrap();
     gw.gateway.reload(config.clone()).await.unwrap();
     let after = scrape().await;
     assert!(

@@ -468,6 +468,13 @@ async fn refresh_backend(
                     list.tried
                 }
             });
+            // The counterpart of the health-check warnings: an operator following an outage
+            // in the log sees where it ended.
+            if !previous.reachable && previous.server.is_some() {
+                tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reachable again");
+            } else if !previous.reachable {
+                tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reached");
+            }
             // Said once when it starts (or its reason changes), not at every refresh.
             if no_models.is_some() && no_models != previous.no_models {
                 tracing::warn!(backend = %h.name, tried = %no_models.as_deref().unwrap_or_default(), "backend exposes no models");
