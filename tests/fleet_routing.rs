@@ -848,3 +848,72 @@ async fn sighup_reloads_under_load_fail_no_request() {
         "requests started after the removal reached it"
     );
 }
+
+/// A DNS backend whose name resolves to no address (a headless Service before its first
+/// ready pod) is a backend down, not an empty config: readiness names it and why, a model
+/// is a 503 that names it (not a 404), and its health series is there at 0 to alert on.
+/// Once the name resolves, it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_backend_without_addresses_is_named_as_down() {
+    let worker = Worker::start("w", "127.0.0.1", 0, &["simple"]).await;
+    let resolver = MutableResolver::default();
+    let gw = start_dns_gateway(
+        "refresh_interval_ms = 200\ndns_interval_ms = 200",
+        worker.port,
+        Arc::new(resolver.clone()),
+    )
+    .await;
+    let b = base(&gw);
+    let client = http_client();
+    let error_of = |path: &'static str| {
+        let (client, b) = (client.clone(), b.clone());
+        async move {
+            let r = client.get(format!("{b}{path}")).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (
+                status,
+                body["error"].as_str().unwrap_or_default().to_string(),
+            )
+        }
+    };
+    let why = "DNS discovery failed: cannot resolve 'workers.test'";
+    assert_eq!(
+        error_of("/v2/health/ready").await,
+        (
+            503,
+            format!("no backend has a ready model; backend 'pool' has no address: {why}")
+        )
+    );
+    assert_eq!(
+        error_of("/v2/models/simple/ready").await,
+        (
+            503,
+            format!("unknown model 'simple', but backend 'pool' ({why}) has not been reached to say which models it serves; retry later")
+        )
+    );
+    let metrics = |gw: &Running| {
+        gw.gateway.update_gauges();
+        String::from_utf8(gw.gateway.metrics.render()).unwrap()
+    };
+    let before = metrics(&gw);
+    assert!(
+        before.contains(r#"tensorgate_backend_healthy{backend="pool"} 0"#),
+        "{before}"
+    );
+
+    resolver.set("workers.test", &["127.0.0.1"]);
+    let url = format!("{b}/v2/models/simple/ready");
+    let c = &client;
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let url = url.clone();
+            async move { c.get(url).send().await.is_ok_and(|r| r.status() == 200) }
+        })
+        .await,
+        "the name resolved, but the model never became ready"
+    );
+    let after = metrics(&gw);
+    assert!(!after.contains(r#"backend="pool"}"#), "{after}");
+    gw.shutdown().await;
+}

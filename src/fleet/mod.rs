@@ -220,8 +220,19 @@ fn only_models(url: &str, b: &BackendConfig) -> Vec<String> {
     }
 }
 
+/// A `[[backends]]` entry with DNS discovery that has no address: its name resolves to
+/// none (a headless Service before any pod is ready) or not at all, and none was known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unresolved {
+    pub name: String,
+    pub why: String,
+    /// The models the config names for it (empty: any).
+    pub only_models: Vec<String>,
+}
+
 pub struct Fleet {
     backends: ArcSwap<Vec<Arc<BackendHandle>>>,
+    unresolved: ArcSwap<Vec<Unresolved>>,
     catalog: ArcSwap<Catalog>,
     /// `tensorgate_backend_tolerated_total`, labels backend and tolerance.
     tolerated: prometheus::IntCounterVec,
@@ -253,6 +264,7 @@ impl Fleet {
             catalog: ArcSwap::from_pointee(Catalog::default()),
             tolerated,
             refreshed_once: AtomicBool::new(false),
+            unresolved: ArcSwap::from_pointee(Vec::new()),
             client,
             resolver,
             builtin: BuiltinSettings {
@@ -279,6 +291,11 @@ impl Fleet {
         self.backends.load_full()
     }
 
+    /// The DNS backends that have no address now, and why.
+    pub fn unresolved(&self) -> Arc<Vec<Unresolved>> {
+        self.unresolved.load_full()
+    }
+
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.load_full()
     }
@@ -293,25 +310,40 @@ impl Fleet {
         let _guard = self.reconcile_lock.lock().await;
         let old = self.backends.load_full();
         let mut new = Vec::new();
+        let mut unresolved = Vec::new();
         for b in &config.backends {
             let name = b.name.get_ref();
             let url = b.url.get_ref();
             let concrete: Vec<(String, String)> = match b.discovery {
                 Discovery::Static => vec![(name.clone(), discovery::canonical_url(url))],
-                Discovery::Dns => match self.resolve(url).await {
-                    Ok(list) => list
-                        .into_iter()
-                        .map(|u| (format!("{name}/{}", u.trim_start_matches("http://")), u))
-                        .collect(),
-                    Err(e) => {
-                        // Keep what we had rather than dropping a fleet on a DNS hiccup.
-                        tracing::warn!(backend = %name, error = %e, "DNS discovery failed; keeping the previous addresses");
-                        old.iter()
-                            .filter(|h| h.name.starts_with(&format!("{name}/")))
-                            .map(|h| (h.name.clone(), h.key.clone()))
-                            .collect()
+                Discovery::Dns => {
+                    let (found, why) = match self.resolve(url).await {
+                        Ok(list) => (
+                            list.into_iter()
+                                .map(|u| (format!("{name}/{}", u.trim_start_matches("http://")), u))
+                                .collect(),
+                            format!("DNS discovery of {url} found no address"),
+                        ),
+                        Err(e) => {
+                            // Keep what we had rather than dropping a fleet on a DNS hiccup.
+                            tracing::warn!(backend = %name, error = %e, "DNS discovery failed; keeping the previous addresses");
+                            let kept: Vec<(String, String)> = old
+                                .iter()
+                                .filter(|h| h.name.starts_with(&format!("{name}/")))
+                                .map(|h| (h.name.clone(), h.key.clone()))
+                                .collect();
+                            (kept, format!("DNS discovery failed: {e}"))
+                        }
+                    };
+                    if found.is_empty() {
+                        unresolved.push(Unresolved {
+                            name: name.clone(),
+                            why,
+                            only_models: only_models(url, b),
+                        });
                     }
-                },
+                    found
+                }
             };
             for (n, u) in concrete {
                 match old.iter().find(|h| h.same_as(&n, &u, b)) {
@@ -325,6 +357,7 @@ impl Fleet {
         self.history_ms
             .store(config.fleet.sequence_idle_timeout_ms, Ordering::Relaxed);
         self.backends.store(Arc::new(new));
+        self.unresolved.store(Arc::new(unresolved));
         drop(_guard);
         self.refresh().await;
         Ok(())

@@ -270,8 +270,12 @@ impl Gateway {
     /// after the fleet was rebuilt.
     fn forget_removed_backends(&self) {
         let backends = self.fleet.backends();
-        let live: std::collections::HashSet<&str> =
-            backends.iter().map(|h| h.name.as_str()).collect();
+        let unresolved = self.fleet.unresolved();
+        let live: std::collections::HashSet<&str> = backends
+            .iter()
+            .map(|h| h.name.as_str())
+            .chain(unresolved.iter().map(|u| u.name.as_str()))
+            .collect();
         self.metrics.forget_backends(|b| live.contains(b));
         self.stats.forget_backends(|b| live.contains(b));
     }
@@ -287,6 +291,13 @@ impl Gateway {
         // Backends that a reload or DNS removed must vanish from every series, not report
         // their last state forever.
         self.forget_removed_backends();
+        // A DNS backend with no address is a backend down, to alert on as any other.
+        for u in self.fleet.unresolved().iter() {
+            self.metrics
+                .backend_healthy
+                .with_label_values(&[&u.name])
+                .set(0);
+        }
         for h in self.fleet.backends().iter() {
             let healthy = h.state.load().reachable;
             self.metrics

@@ -51,10 +51,14 @@ pub fn server_ready(gw: &Gateway) -> Result<(), GatewayError> {
 
 /// Why nothing is ready, with what discovery tried on each backend that exposes no models.
 fn no_ready_model(gw: &Gateway) -> String {
-    if gw.fleet.backends().is_empty() {
+    let unresolved = gw.fleet.unresolved();
+    if gw.fleet.backends().is_empty() && unresolved.is_empty() {
         return "no [[backends]] are configured".to_string();
     }
     let mut why = String::from("no backend has a ready model");
+    for u in unresolved.iter() {
+        why.push_str(&format!("; backend '{}' has no address: {}", u.name, u.why));
+    }
     for h in gw.fleet.backends().iter() {
         let state = h.state.load();
         if let Some(tried) = &state.no_models {

@@ -85,11 +85,12 @@ fn find(
 /// pointed at a wrong address), the model may be one of its own: 503, naming the backend
 /// and why it was not reached, since clients and their retry policies take a 404 as final.
 fn unknown(gw: &Gateway, model: &str) -> GatewayError {
-    let unreached: Vec<String> = gw
+    let may_serve = |only: &[String]| only.is_empty() || only.iter().any(|m| m == model);
+    let mut unreached: Vec<String> = gw
         .fleet
         .backends()
         .iter()
-        .filter(|h| h.only_models.is_empty() || h.only_models.iter().any(|m| m == model))
+        .filter(|h| may_serve(&h.only_models))
         .filter_map(|h| {
             let state = h.state.load();
             // Never answered: a backend that did and went down keeps its server metadata.
@@ -99,6 +100,14 @@ fn unknown(gw: &Gateway, model: &str) -> GatewayError {
             })
         })
         .collect();
+    // A DNS backend with no address yet (a headless Service before its first ready pod).
+    unreached.extend(
+        gw.fleet
+            .unresolved()
+            .iter()
+            .filter(|u| may_serve(&u.only_models))
+            .map(|u| format!("backend '{}' ({})", u.name, u.why)),
+    );
     if unreached.is_empty() {
         return GatewayError::NotFound(format!("unknown model '{model}'"));
     }
