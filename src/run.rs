@@ -43,6 +43,7 @@ impl Running {
     /// balancers that poll readiness stop sending first; then stops accepting and waits for
     /// in-flight requests (up to the drain deadline).
     pub async fn shutdown(self) {
+        let began = std::time::Instant::now();
         self.gateway.start_draining();
         if !self.shutdown_delay.is_zero() {
             tracing::info!(
@@ -61,14 +62,26 @@ impl Running {
             tokio::time::sleep(cut_at).await;
             gateway.cut_in_flight();
         });
+        let mut expired = false;
         for t in self.tasks {
             if t.await.unwrap_or(false) {
                 // The requests still open are cut off as the process ends: the gateway's
                 // doing, which their records must say (not a client that went away).
                 self.gateway.mark_drain_expired();
+                expired = true;
             }
         }
         cutter.abort();
+        // The last line of a shutdown says how it ended.
+        let elapsed_ms = began.elapsed().as_millis() as u64;
+        if expired {
+            tracing::warn!(
+                elapsed_ms,
+                "shut down: the drain deadline (limits.drain_timeout_ms) passed, and the connections still open were closed"
+            );
+        } else {
+            tracing::info!(elapsed_ms, "shut down: every connection drained");
+        }
         for t in self.background {
             t.abort();
         }

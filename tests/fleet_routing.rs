@@ -584,6 +584,15 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
     );
     let seen = simple_until_seen(&client, &g1.base, &["b".to_string()].into(), 200).await;
     assert!(seen.contains("b"), "the added backend takes traffic");
+    assert!(
+        eventually(50, Duration::from_millis(100), || async {
+            g1.log_text()
+                .contains("the reload changed the fleet added=b removed=")
+        })
+        .await,
+        "{}",
+        g1.log_text()
+    );
 
     write_atomically(
         &hup,

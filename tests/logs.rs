@@ -165,6 +165,12 @@ async fn json_access_logs() {
         assert_eq!(found.len(), 1, "{path} in {text}");
         &found[0]["fields"]
     };
+    // The shutdown's last line says how it ended.
+    assert_eq!(
+        lines.last().unwrap()["fields"]["message"],
+        "shut down: every connection drained",
+        "{text}"
+    );
     let f = line_of("/v2/models/accumulate/infer");
     assert_eq!(f["method"], "POST");
     assert_eq!(f["model"], "accumulate");

@@ -195,7 +195,22 @@ impl Gateway {
                 "config reloaded, but these changed settings take effect only after a restart"
             );
         }
+        let names = |fleet: &crate::fleet::Fleet| -> std::collections::BTreeSet<String> {
+            fleet.backends().iter().map(|h| h.name.clone()).collect()
+        };
+        let before = names(&self.fleet);
         self.fleet.reconcile(&config).await?;
+        let after = names(&self.fleet);
+        // Which backends a reload added and removed, for an operator matching the log
+        // against traffic that moved.
+        let listed = |a: &std::collections::BTreeSet<String>,
+                      b: &std::collections::BTreeSet<String>| {
+            a.difference(b).cloned().collect::<Vec<_>>().join(", ")
+        };
+        let (added, removed) = (listed(&after, &before), listed(&before, &after));
+        if !added.is_empty() || !removed.is_empty() {
+            tracing::info!(added = %added, removed = %removed, "the reload changed the fleet");
+        }
         self.forget_removed_backends();
         self.labels.store(Arc::new(labels));
         self.tokens.store(Arc::new(tokens));
