@@ -476,3 +476,34 @@ fn check_config_refuses_tls_files_serve_would_refuse() {
         "{err}"
     );
 }
+
+/// A plain HTTP request on the TLS port is answered in plain HTTP, a 400 that says to use
+/// https, as Go's and nginx's servers answer it: not a TLS alert that clients print as
+/// garbage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_on_the_tls_port_gets_a_400_that_says_so() {
+    let pki = Pki::new("plain");
+    let (cert, key) = pki.issue("server", &["localhost"], false);
+    let gw = start_tls_gateway(ServerTls {
+        cert,
+        key,
+        client_ca: None,
+    })
+    .await;
+    let r = reqwest::get(format!(
+        "http://127.0.0.1:{}/v2/health/live",
+        gw.addr.port()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.text().await.unwrap(),
+        r#"{"error":"this port serves HTTPS: the request was sent as plain HTTP; use https://"}"#
+    );
+    // TLS on the same port still works.
+    let client = https_client(client_tls(&pki.ca(), None, &[b"http/1.1"]), false);
+    let url = format!("https://localhost:{}/v2/health/live", gw.addr.port());
+    assert_eq!(get(&client, &url).await.unwrap().0, 200);
+    gw.shutdown().await;
+}

@@ -36,6 +36,7 @@ mod conn;
 mod content_coding;
 mod drain;
 mod idle;
+mod plain_on_tls;
 mod send_timeout;
 
 use content_coding::CanonicalCoding;
@@ -262,16 +263,28 @@ where
                 Some(tls) => {
                     let acceptor = tls.acceptor();
                     let grace = this.silent_grace;
+                    let attempt = async move {
+                        if plain_on_tls::starts_plain_http(&stream).await {
+                            return Err(stream);
+                        }
+                        Ok(acceptor.accept(stream).await)
+                    };
                     let handshake = tokio::select! {
-                        r = timeout_at(deadline, acceptor.accept(stream)) => r,
+                        r = timeout_at(deadline, attempt) => r,
                         () = watch.silent_for(grace) => {
                             tracing::debug!(%peer, "no TLS handshake before the shutdown; closed");
                             return;
                         }
                     };
                     match handshake {
-                        Ok(Ok(stream)) => this.serve(stream, peer, deadline, watch).await,
-                        Ok(Err(e)) => {
+                        Ok(Err(plain)) => {
+                            tls.handshake_failed(false);
+                            plain_on_tls::refuse(plain).await;
+                            Err("a plain HTTP request on the TLS listener (answered 400)"
+                                .to_string())
+                        }
+                        Ok(Ok(Ok(stream))) => this.serve(stream, peer, deadline, watch).await,
+                        Ok(Ok(Err(e))) => {
                             tls.handshake_failed(false);
                             Err(format!("TLS handshake failed: {e}"))
                         }
