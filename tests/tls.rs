@@ -188,9 +188,9 @@ fn tls11_client_hello() -> Vec<u8> {
     record
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_1_1_is_refused() {
-    let pki = Pki::new("tls11");
+/// A gateway over TLS with a certificate for localhost from a CA of its own, and that CA.
+async fn localhost_tls_gateway(name: &str) -> (Pki, tensorgate::run::Running) {
+    let pki = Pki::new(name);
     let (cert, key) = pki.issue("server", &["localhost"], false);
     let gw = start_tls_gateway(ServerTls {
         cert,
@@ -198,6 +198,12 @@ async fn tls_1_1_is_refused() {
         client_ca: None,
     })
     .await;
+    (pki, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_1_1_is_refused() {
+    let (_pki, gw) = localhost_tls_gateway("tls11").await;
     let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     s.write_all(&tls11_client_hello()).await.unwrap();
     let mut buf = vec![0u8; 64];
@@ -482,14 +488,7 @@ fn check_config_refuses_tls_files_serve_would_refuse() {
 /// garbage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_on_the_tls_port_gets_a_400_that_says_so() {
-    let pki = Pki::new("plain");
-    let (cert, key) = pki.issue("server", &["localhost"], false);
-    let gw = start_tls_gateway(ServerTls {
-        cert,
-        key,
-        client_ca: None,
-    })
-    .await;
+    let (pki, gw) = localhost_tls_gateway("plain").await;
     let r = reqwest::get(format!(
         "http://127.0.0.1:{}/v2/health/live",
         gw.addr.port()
