@@ -190,7 +190,7 @@ pub struct InferCall<'a> {
     pub version: Option<&'a str>,
     pub payload: Payload,
     /// Extra headers to send (trace context).
-    pub headers: HeaderMap,
+    pub headers: &'a HeaderMap,
     /// The request's part of the budget for bodies: work that goes on after the request is
     /// cancelled or times out (a built-in model's run) holds it until it ends.
     pub held: Reservation,

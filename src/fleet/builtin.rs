@@ -459,7 +459,7 @@ mod tests {
                 inputs: vec![],
                 outputs: None,
             }),
-            headers: Default::default(),
+            headers: Box::leak(Box::default()),
             held: Default::default(),
         }
     }

@@ -443,7 +443,7 @@ impl Attempt<'_> {
             model: self.model,
             version: self.version,
             payload,
-            headers: self.headers.clone(),
+            headers: &self.headers,
             held: self.held.keep(),
         };
         let inferring = Phase::start();
