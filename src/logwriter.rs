@@ -140,14 +140,21 @@ impl Write for Line {
 
 impl Drop for Line {
     fn drop(&mut self) {
-        if self.text.is_empty() {
+        self.shared.push(&self.text);
+    }
+}
+
+impl Shared {
+    /// Adds one line (or several, whole) to what the writer thread writes next.
+    fn push(&self, text: &[u8]) {
+        if text.is_empty() {
             return;
         }
-        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.stopping {
             // The writer is gone (the process is ending): write here.
             drop(state);
-            let _ = std::io::stderr().write_all(&self.text);
+            let _ = std::io::stderr().write_all(text);
             return;
         }
         if state.buf.len() >= DROP_AT {
@@ -155,12 +162,20 @@ impl Drop for Line {
             DROPPED.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        state.buf.extend_from_slice(&self.text);
+        state.buf.extend_from_slice(text);
         let full = state.buf.len() >= FLUSH_AT;
         drop(state);
         if full {
-            self.shared.wake.notify_one();
+            self.wake.notify_one();
         }
+    }
+}
+
+impl BatchedStderr {
+    /// A line built elsewhere (the access line, `logformat::write_access`), copied once into
+    /// the batch: no `Line` and its buffer per event.
+    pub fn write_line(&self, text: &[u8]) {
+        self.shared.push(text);
     }
 }
 

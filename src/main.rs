@@ -141,14 +141,20 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
     };
     let filter = tracing_subscriber::EnvFilter::new(filter);
     let (writer, guard) = tensorgate::logwriter::batched_stderr();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(writer);
+        .with_ansi(ansi)
+        .with_writer(writer.clone());
     match format {
-        LogFormat::Plain => builder
-            .event_format(tensorgate::logformat::PlainFormat::default())
-            .init(),
+        LogFormat::Plain => {
+            if !ansi {
+                tensorgate::logformat::direct_access_lines(writer);
+            }
+            builder
+                .event_format(tensorgate::logformat::PlainFormat::default())
+                .init()
+        }
         LogFormat::Json => builder.json().init(),
     }
     if let Some((env, why)) = refused {

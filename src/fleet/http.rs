@@ -589,7 +589,10 @@ impl Backend for HttpBackend {
             // Built in place: `Request::builder` converts and checks each header again,
             // which values already typed need not (a few percent of a small request).
             let mut headers = http::HeaderMap::with_capacity(4);
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(body.content_type));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(body.content_type),
+            );
             if let Some(n) = body.header_length {
                 headers.insert(
                     crate::headers::INFERENCE_HEADER_CONTENT_LENGTH,

@@ -611,6 +611,37 @@ pub fn access_log(
         .sequence
         .as_deref()
         .map_or(std::borrow::Cow::Borrowed("-"), |s| cut_short(s, 256));
+    let probe = is_probe(method, &path, status);
+    // Checked first: a level that is off costs no line at all.
+    let (enabled, level) = if probe {
+        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::DEBUG);
+        (on, tracing::Level::DEBUG)
+    } else {
+        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::INFO);
+        (on, tracing::Level::INFO)
+    };
+    if !enabled {
+        return;
+    }
+    let direct = crate::logformat::AccessLine {
+        method,
+        path: &path,
+        protocol: obs.protocol.label(),
+        model: &model,
+        status,
+        backend: obs.backend.as_deref().unwrap_or("-"),
+        bytes_in: obs.bytes_in,
+        bytes_out,
+        duration_us: elapsed.as_micros() as u64,
+        peer: &PeerOrDash(obs.peer),
+        sequence_id: &sequence,
+        traceparent: obs.traceparent.as_deref().unwrap_or("-"),
+        request_id: &request_id,
+        error: error.as_deref().unwrap_or("-"),
+    };
+    if crate::logformat::write_access(level, &direct) {
+        return;
+    }
     macro_rules! line {
         ($level:ident) => {
             tracing::$level!(
@@ -632,7 +663,7 @@ pub fn access_log(
             )
         };
     }
-    if is_probe(method, &path, status) {
+    if probe {
         line!(debug);
     } else {
         line!(info);
