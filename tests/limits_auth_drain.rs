@@ -370,35 +370,6 @@ async fn idle_h2_connections_are_closed_after_the_header_read_timeout() {
     gw.shutdown().await;
 }
 
-/// An h2 client that keeps its connection after GOAWAY, with no stream open on it, does
-/// not hold the shutdown until the drain deadline: it gets the silent grace to close, and
-/// then the connection is closed under it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2_connection_kept_after_goaway_does_not_hold_the_shutdown() {
-    let gw = gateway(|c| {
-        c.limits.header_read_timeout_ms = 120_000;
-        c.limits.shutdown_delay_ms = 0;
-        c.limits.drain_timeout_ms = 120_000;
-    })
-    .await;
-    // The preface and an empty SETTINGS frame, then nothing: no stream, no close.
-    let mut raw = TcpStream::connect(gw.addr).unwrap();
-    raw.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-        .unwrap();
-    // The server's SETTINGS: the connection is being served.
-    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut head = [0u8; 9];
-    raw.read_exact(&mut head).unwrap();
-    assert_eq!(head[3], 0x4, "a SETTINGS frame first: {head:?}");
-    // Far inside the drain deadline (two minutes; without the grace this waited some 50 s
-    // here, on another bound): the bound of a hang, not a timing.
-    tokio::time::timeout(Duration::from_secs(25), gw.shutdown())
-        .await
-        .expect("the shutdown waited on a connection with nothing open");
-    let rest = read_all(&mut raw, Duration::from_secs(10));
-    assert!(!rest.is_empty(), "a GOAWAY before the close");
-}
-
 /// A v2 backend serving model `m` (FP32 INPUT0 [-1]) that never answers an infer request:
 /// what a hung model server looks like to the gateway.
 async fn hung_backend() -> std::net::SocketAddr {

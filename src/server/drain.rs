@@ -108,22 +108,6 @@ impl Watch {
             }
         }
         conn.as_mut().graceful_shutdown();
-        // After GOAWAY a client should close; one that keeps its connection with nothing
-        // open on it would hold the drain until its deadline (hyper waits for the client).
-        // It gets the silent grace to close, as a connection that sent nothing does.
-        if let Some((activity, _)) = idle {
-            loop {
-                tokio::select! {
-                    done = conn.as_mut() => return done,
-                    () = tokio::time::sleep(SILENT_GRACE) => {
-                        if activity.idle_deadline(Duration::ZERO).is_some() {
-                            tracing::debug!("h2 connection kept after GOAWAY with no stream open; closed");
-                            return Ok(());
-                        }
-                    }
-                }
-            }
-        }
         // `rx` lives until here, so the drain waits for this connection.
         conn.await
     }
