@@ -500,6 +500,17 @@ async fn plain_http_on_the_tls_port_gets_a_400_that_says_so() {
         r.text().await.unwrap(),
         r#"{"error":"this port serves HTTPS: the request was sent as plain HTTP; use https://"}"#
     );
+    // A POST whose body is still on its way gets the answer too, not a reset.
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{}/v2/models/simple/infer",
+            gw.addr.port()
+        ))
+        .body(vec![b'7'; 32 << 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
     // TLS on the same port still works.
     let client = https_client(client_tls(&pki.ca(), None, &[b"http/1.1"]), false);
     let url = format!("https://localhost:{}/v2/health/live", gw.addr.port());
