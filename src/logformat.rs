@@ -221,6 +221,39 @@ pub fn write_access(level: Level, line: &AccessLine<'_>) -> bool {
     })
 }
 
+/// The access line as a tracing event: the JSON format, colours, or a process without a
+/// direct sink. The one list of its fields beside `format_access`'s, which a test holds to
+/// the same line.
+pub fn trace_access(level: Level, a: &AccessLine<'_>) {
+    macro_rules! event {
+        ($level:ident) => {
+            tracing::$level!(
+                target: "tensorgate::access",
+                method = a.method,
+                path = a.path,
+                protocol = a.protocol,
+                model = a.model,
+                status = a.status,
+                backend = a.backend,
+                bytes_in = a.bytes_in,
+                bytes_out = a.bytes_out,
+                duration_us = a.duration_us,
+                peer = %a.peer,
+                sequence_id = a.sequence_id,
+                traceparent = a.traceparent,
+                request_id = a.request_id,
+                error = a.error,
+            )
+        };
+    }
+    // The access line has two levels: debug for probes, info for the rest.
+    if level == Level::DEBUG {
+        event!(debug);
+    } else {
+        event!(info);
+    }
+}
+
 /// The access line as `PlainFormat` writes it, newline included.
 fn format_access(text: &mut String, level: Level, a: &AccessLine<'_>, now: SystemTime) {
     text.clear();
@@ -450,34 +483,7 @@ mod tests {
                 .with_writer(traced.clone())
                 .event_format(PlainFormat::default())
                 .finish();
-            tracing::subscriber::with_default(sub, || {
-                macro_rules! event {
-                    ($level:ident) => {
-                        tracing::$level!(
-                            target: "tensorgate::access",
-                            method = line.method,
-                            path = line.path,
-                            protocol = line.protocol,
-                            model = line.model,
-                            status = line.status,
-                            backend = line.backend,
-                            bytes_in = line.bytes_in,
-                            bytes_out = line.bytes_out,
-                            duration_us = line.duration_us,
-                            peer = %line.peer,
-                            sequence_id = line.sequence_id,
-                            traceparent = line.traceparent,
-                            request_id = line.request_id,
-                            error = line.error,
-                        )
-                    };
-                }
-                if level == Level::DEBUG {
-                    event!(debug);
-                } else {
-                    event!(info);
-                }
-            });
+            tracing::subscriber::with_default(sub, || trace_access(level, &line));
             let mut direct = String::new();
             format_access(&mut direct, level, &line, SystemTime::now());
             assert!(direct.ends_with('\n'), "{direct}");

@@ -301,7 +301,7 @@ impl Stats {
                     .durations
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(backend, _, _)| backend == "none" || live(backend));
+                    .retain(|(backend, _, _)| crate::metrics::backend_stays(backend, &live));
             }
         }
     }
@@ -623,7 +623,7 @@ pub fn access_log(
     if !enabled {
         return;
     }
-    let direct = crate::logformat::AccessLine {
+    let line = crate::logformat::AccessLine {
         method,
         path: &path,
         protocol: obs.protocol.label(),
@@ -639,34 +639,8 @@ pub fn access_log(
         request_id: &request_id,
         error: error.as_deref().unwrap_or("-"),
     };
-    if crate::logformat::write_access(level, &direct) {
-        return;
-    }
-    macro_rules! line {
-        ($level:ident) => {
-            tracing::$level!(
-                target: "tensorgate::access",
-                method,
-                path = &*path,
-                protocol = obs.protocol.label(),
-                model = &*model,
-                status,
-                backend = obs.backend.as_deref().unwrap_or("-"),
-                bytes_in = obs.bytes_in,
-                bytes_out,
-                duration_us = elapsed.as_micros() as u64,
-                peer = %PeerOrDash(obs.peer),
-                sequence_id = &*sequence,
-                traceparent = obs.traceparent.as_deref().unwrap_or("-"),
-                request_id = &*request_id,
-                error = error.as_deref().unwrap_or("-"),
-            )
-        };
-    }
-    if probe {
-        line!(debug);
-    } else {
-        line!(info);
+    if !crate::logformat::write_access(level, &line) {
+        crate::logformat::trace_access(level, &line);
     }
 }
 
