@@ -468,7 +468,7 @@ async fn refresh_backend(
     .await;
     let state = match result {
         Ok((server, list)) => {
-            h.failed_checks.store(0, Ordering::Relaxed);
+            let failed_before = h.failed_checks.swap(0, Ordering::Relaxed);
             for t in &list.tolerated {
                 tolerated.with_label_values(&[&h.name, t.label()]).inc();
             }
@@ -503,7 +503,8 @@ async fn refresh_backend(
             });
             // The counterpart of the health-check warnings: an operator following an outage
             // in the log sees where it ended.
-            if !previous.reachable && previous.server.is_some() {
+            // Failed checks below the threshold leave it reachable, but were logged too.
+            if previous.server.is_some() && (!previous.reachable || failed_before > 0) {
                 tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reachable again");
             } else if !previous.reachable {
                 tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reached");
