@@ -52,10 +52,9 @@ pub fn check_header_length(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     if let Some(len) = body_length.filter(|len| !coded && n as u64 > *len) {
-        return Err(GatewayError::BadRequest(format!(
-            "Inference-Header-Content-Length is {} but the body has only {len} bytes",
-            sent()
-        )));
+        return Err(GatewayError::BadRequest(
+            crate::protocol::rest::decode::header_length_past_body(&sent(), len),
+        ));
     }
     if n > max_json {
         return Err(GatewayError::PayloadTooLarge(format!(

@@ -28,6 +28,11 @@ pub enum RequestBody {
     Raw(Bytes),
 }
 
+/// Why a header length (as sent) cannot be: the body is shorter.
+pub fn header_length_past_body(sent: &str, body_len: u64) -> String {
+    format!("Inference-Header-Content-Length is {sent} but the body has only {body_len} bytes")
+}
+
 /// Splits `body` into its JSON header and binary part. `header_length` is the raw value of
 /// the `Inference-Header-Content-Length` header, if present.
 pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
@@ -36,9 +41,9 @@ pub fn split_body(body: &Bytes, header_length: Option<&[u8]>) -> Result<(Bytes, 
     };
     let n = parse_header_length(raw)?;
     if n > body.len() {
-        return Err(ProtocolError::invalid(format!(
-            "Inference-Header-Content-Length is {n} but the body has only {} bytes",
-            body.len()
+        return Err(ProtocolError::invalid(header_length_past_body(
+            &n.to_string(),
+            body.len() as u64,
         )));
     }
     Ok((body.slice(..n), body.slice(n..)))
@@ -442,7 +447,11 @@ pub fn decode_request(
             }
             // The JSON cut short where the header says it ends: the header is the likelier
             // mistake, and the parser's words do not name it.
-            if header_length.is_some() && e.message().contains("EOF while parsing") {
+            // (With nothing after the JSON, the JSON itself is what was cut short.)
+            if header_length.is_some()
+                && !binary.is_empty()
+                && e.message().contains("EOF while parsing")
+            {
                 return ProtocolError::invalid(format!(
                     "{}; the JSON part ends at byte {} (Inference-Header-Content-Length): is the header the JSON part's length?",
                     e.message(),
@@ -765,6 +774,17 @@ mod tests {
             "{short}"
         );
         assert!(short.contains("EOF while parsing"), "{short}");
+        // With nothing after it, the JSON itself was cut short: no word of the header.
+        let cut = Bytes::from_static(br#"{"inputs":["#);
+        let alone = decode_request(&cut, Some(b"11"), &Limits::default())
+            .unwrap_err()
+            .message()
+            .to_string();
+        assert!(alone.contains("EOF while parsing"), "{alone}");
+        assert!(
+            !alone.contains("Inference-Header-Content-Length"),
+            "{alone}"
+        );
     }
 
     /// A client's parameter is a string, a number or a bool, wherever it is.
