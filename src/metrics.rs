@@ -361,9 +361,9 @@ impl Metrics {
 
     /// Drops every series of a backend that `live` does not accept, so that backends removed
     /// by a reload or by DNS (named `name/IP:port`, so unbounded over time) do not keep
-    /// their label values forever. Requests that found no backend (`none`) are kept.
+    /// their label values forever (`backend_stays`).
     pub fn forget_backends(&self, live: impl Fn(&str) -> bool) {
-        let keep = |b: &str| b == "none" || live(b);
+        let keep = |b: &str| backend_stays(b, &live);
         forget(&self.duration, &keep);
         forget(&self.ejections, &keep);
         forget(&self.retries, &keep);
@@ -383,6 +383,12 @@ impl Metrics {
             .expect("encoding metrics to a Vec cannot fail");
         out
     }
+}
+
+/// Whether the series of backend label `b` stay when the fleet is `live`: a live backend's,
+/// and `none`'s (requests that found no backend).
+pub fn backend_stays(b: &str, live: &dyn Fn(&str) -> bool) -> bool {
+    b == "none" || live(b)
 }
 
 /// Removes the series of `vec` whose `backend` label `keep` refuses. The vector is read
