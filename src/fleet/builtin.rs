@@ -447,6 +447,9 @@ mod tests {
         )]))
     }
 
+    static NO_HEADERS: std::sync::LazyLock<http::HeaderMap> =
+        std::sync::LazyLock::new(http::HeaderMap::new);
+
     /// A call without inputs to `model`.
     fn call(model: &str) -> InferCall<'_> {
         InferCall {
@@ -459,7 +462,7 @@ mod tests {
                 inputs: vec![],
                 outputs: None,
             }),
-            headers: Box::leak(Box::default()),
+            headers: &NO_HEADERS,
             held: Default::default(),
         }
     }

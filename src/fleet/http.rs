@@ -637,14 +637,10 @@ mod tests {
             while let Ok((mut sock, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let mut seen = Vec::new();
-                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => seen.extend_from_slice(&buf[..n]),
-                        }
+                    if read_head(&mut sock).await.is_none() {
+                        return;
                     }
+                    let mut buf = vec![0u8; 4096];
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
                     if sock.write_all(ok).await.is_err() {
                         return;
@@ -655,6 +651,62 @@ mod tests {
             }
         });
         (format!("http://{addr}"), accepted)
+    }
+
+    /// What a client sent up to the end of its request head; `None` if it closed first.
+    async fn read_head(sock: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        let mut seen = Vec::new();
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        Some(seen)
+    }
+
+    /// A server that lists model `m` in its index and closes every connection that asks for
+    /// anything else without an answer: a backend going down between its index and a
+    /// model's metadata.
+    async fn lists_m_then_goes_silent() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Some(seen) = read_head(&mut sock).await else {
+                        return;
+                    };
+                    if seen.starts_with(b"POST /v2/repository/index ") {
+                        let index = br#"[{"name":"m","version":"1","state":"READY"}]"#;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            index.len()
+                        );
+                        let _ = sock.write_all(head.as_bytes()).await;
+                        let _ = sock.write_all(index).await;
+                    }
+                    // Anything else: closed without an answer.
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_listed_model_whose_metadata_gets_no_answer_is_named_as_unanswered() {
+        let url = lists_m_then_goes_silent().await;
+        let tls = crate::tls::client_config(&Default::default()).unwrap();
+        let client = new_client(Duration::from_secs(1), Duration::from_secs(60), tls);
+        let backend = HttpBackend::new(&url, client, Duration::from_secs(5));
+        let list = backend.models(&[]).await.unwrap();
+        assert_eq!(list.unanswered, ["m"]);
+        assert!(list.models.is_empty());
+        assert_eq!(
+            list.tried,
+            "POST /v2/repository/index lists models, but GET /v2/models/m failed"
+        );
     }
 
     #[tokio::test]
