@@ -585,11 +585,7 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
     let seen = simple_until_seen(&client, &g1.base, &["b".to_string()].into(), 200).await;
     assert!(seen.contains("b"), "the added backend takes traffic");
     assert!(
-        eventually(50, Duration::from_millis(100), || async {
-            g1.log_text()
-                .contains("the reload changed the fleet added=b removed=")
-        })
-        .await,
+        log_comes_to_hold(&g1, "the reload changed the fleet added=b removed=").await,
         "{}",
         g1.log_text()
     );
@@ -633,11 +629,10 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
     // is refused, and every model goes on serving.
     std::fs::write(&watched, "").unwrap();
     assert!(
-        eventually(100, Duration::from_millis(100), || async {
-            g1.log_text().contains(
-                "the new config has no backends (a file caught half-written?); a reload never empties a serving fleet (restart to do that)"
-            )
-        })
+        log_comes_to_hold(
+            &g1,
+            "the new config has no backends (a file caught half-written?); a reload never empties a serving fleet (restart to do that)"
+        )
         .await,
         "log:\n{}",
         g1.log_text()
@@ -658,10 +653,7 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
         watched.display()
     );
     assert!(
-        eventually(100, Duration::from_millis(100), || async {
-            g1.log_text().contains(&expected)
-        })
-        .await,
+        log_comes_to_hold(&g1, &expected).await,
         "{expected} not in the log:\n{}",
         g1.log_text()
     );
@@ -669,6 +661,15 @@ async fn config_file_changes_and_sighup_reload_a_gateway_process() {
         ready_models(&client, &g1.base).await,
         vec!["classifier", "simple"]
     );
+}
+
+/// Whether a gateway process's log comes to hold `text` within 10 s: lines reach it in
+/// batches, every 100 ms.
+async fn log_comes_to_hold(g: &GatewayProcess, text: &str) -> bool {
+    eventually(100, Duration::from_millis(100), || async {
+        g.log_text().contains(text)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -924,5 +925,27 @@ async fn a_dns_backend_without_addresses_is_named_as_down() {
     );
     let after = metrics(&gw);
     assert!(!after.contains(r#"backend="pool"}"#), "{after}");
+
+    // The name resolves, but to no address (every pod gone): the same, in its own words.
+    resolver.set("workers.test", &[]);
+    let ready = format!("{b}/v2/health/ready");
+    let gone = format!(
+        "no backend has a ready model; backend 'pool' has no address: DNS discovery of http://workers.test:{} found no address",
+        worker.port
+    );
+    assert!(
+        eventually(100, Duration::from_millis(100), || {
+            let (ready, gone) = (ready.clone(), gone.clone());
+            async move {
+                let Ok(r) = c.get(ready).send().await else {
+                    return false;
+                };
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                body["error"] == gone.as_str()
+            }
+        })
+        .await,
+        "readiness never said: {gone}"
+    );
     gw.shutdown().await;
 }

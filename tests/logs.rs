@@ -404,8 +404,9 @@ async fn a_refused_inference_names_its_model_in_the_access_line() {
     let gw = LoggingGateway::start(
         "unknown-model",
         port,
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\nlog_format = \"json\"\nlog_level = \"info\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n"
+        &logging_config(
+            (port, metrics, &format!("127.0.0.1:{grpc}")),
+            "log_format = \"json\"\n[[backends]]\nname = \"builtin\"\nurl = \"builtin\"\n",
         ),
         "/v2/health/ready",
     )
@@ -485,6 +486,14 @@ async fn a_refused_inference_names_its_model_in_the_access_line() {
     );
 }
 
+/// A config logging at info on the REST, metrics and gRPC (`""`: none) addresses given,
+/// with `rest` (more `[server]` keys first, then tables) after.
+fn logging_config((port, metrics, grpc): (u16, u16, &str), rest: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"{grpc}\"\nlog_level = \"info\"\n{rest}"
+    )
+}
+
 /// The JSON access line of `path` in a gateway's log `text`.
 fn access_line(text: &str, path: &str) -> serde_json::Value {
     text.lines()
@@ -501,8 +510,9 @@ async fn a_backend_that_comes_back_is_logged() {
     let gw = LoggingGateway::start(
         "comes-back",
         port,
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\ngrpc_listen = \"\"\nlog_level = \"info\"\n[fleet]\nrefresh_interval_ms = 100\n[[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{backend_port}\"\n"
+        &logging_config(
+            (port, metrics, ""),
+            &format!("[fleet]\nrefresh_interval_ms = 100\n[[backends]]\nname = \"w\"\nurl = \"http://127.0.0.1:{backend_port}\"\n"),
         ),
         "/v2/health/live",
     )

@@ -576,16 +576,17 @@ async fn a_removed_backend_leaves_no_series() {
             .unwrap()
             .to_string()
     };
-    // Balancing picks either backend: send until the one to remove has served once, and
-    // then, once it is down, until it has refused a request and been ejected.
-    let mut served_by_removed = false;
-    for _ in 0..200 {
-        if infer().await == "backend-1" {
-            served_by_removed = true;
-            break;
+    // Balancing picks either backend: send until backend-1 has served once (bounded).
+    let served_by_backend_1 = || async {
+        for _ in 0..200 {
+            if infer().await == "backend-1" {
+                return true;
+            }
         }
-    }
-    assert!(served_by_removed, "backend-1 never served");
+        false
+    };
+    // Then, once it is down, until it has refused a request and been ejected.
+    assert!(served_by_backend_1().await, "backend-1 never served");
     removed.shutdown().await;
     let ejected = r#"tensorgate_backend_ejections_total{backend="backend-1"} 1"#;
     for _ in 0..200 {
@@ -629,14 +630,7 @@ async fn a_removed_backend_leaves_no_series() {
         .set_backends(&[kept_url, format!("http://{}", returned.addr)])
         .unwrap();
     gw.gateway.reload(config).await.unwrap();
-    let mut served_again = false;
-    for _ in 0..200 {
-        if infer().await == "backend-1" {
-            served_again = true;
-            break;
-        }
-    }
-    assert!(served_again, "backend-1 never served again");
+    assert!(served_by_backend_1().await, "backend-1 never served again");
     let again = scrape().await;
     assert!(
         again.contains(
