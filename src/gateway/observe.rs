@@ -593,6 +593,18 @@ pub fn access_log(
     elapsed: Duration,
     error: Option<&str>,
 ) {
+    // Checked first: a level that is off costs nothing more (the bench runs at warn).
+    let probe = is_probe(method, path, status);
+    let (enabled, level) = if probe {
+        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::DEBUG);
+        (on, tracing::Level::DEBUG)
+    } else {
+        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::INFO);
+        (on, tracing::Level::INFO)
+    };
+    if !enabled {
+        return;
+    }
     // What a client named is quoted, never more than a screenful of it.
     let model = obs
         .model
@@ -611,18 +623,6 @@ pub fn access_log(
         .sequence
         .as_deref()
         .map_or(std::borrow::Cow::Borrowed("-"), |s| cut_short(s, 256));
-    let probe = is_probe(method, &path, status);
-    // Checked first: a level that is off costs no line at all.
-    let (enabled, level) = if probe {
-        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::DEBUG);
-        (on, tracing::Level::DEBUG)
-    } else {
-        let on = tracing::enabled!(target: "tensorgate::access", tracing::Level::INFO);
-        (on, tracing::Level::INFO)
-    };
-    if !enabled {
-        return;
-    }
     let line = crate::logformat::AccessLine {
         method,
         path: &path,
