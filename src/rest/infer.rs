@@ -177,19 +177,21 @@ async fn encode_for_client(
 }
 
 fn pass_through(backend: http::Response<crate::gateway::core::BackendBody>) -> Response<Body> {
-    let (parts, body) = backend.into_parts();
-    let mut r = Response::builder().status(parts.status);
+    let (mut parts, body) = backend.into_parts();
+    // The values are moved from the backend's map, not copied through a builder.
+    let mut r = Response::new(body.map_err(Into::into).boxed_unsync());
+    *r.status_mut() = parts.status;
+    let headers = r.headers_mut();
     for name in [
         header::CONTENT_TYPE,
         header::CONTENT_LENGTH,
         INFERENCE_HEADER_CONTENT_LENGTH,
     ] {
-        if let Some(v) = parts.headers.get(&name) {
-            r = r.header(name, v);
+        if let Some(v) = parts.headers.remove(&name) {
+            headers.insert(name, v);
         }
     }
-    r.body(body.map_err(Into::into).boxed_unsync())
-        .expect("valid response parts")
+    r
 }
 
 #[cfg(test)]

@@ -232,13 +232,24 @@ fn non_finite_hint(json: &[u8], err: &serde_json::Error) -> &'static str {
     }
 }
 
-fn check_unique<'a>(names: impl Iterator<Item = &'a str>, role: Role) -> Result<()> {
+/// Up to this many names are compared pairwise: a request's usual two or three tensors cost
+/// a few comparisons that way, against a hasher's setup and a table's allocation.
+const FEW_NAMES: usize = 8;
+
+fn check_unique<'a>(names: impl Iterator<Item = &'a str> + Clone, role: Role) -> Result<()> {
+    let duplicate = |n: &str| ProtocolError::invalid(format!("duplicate {role} name '{n}'"));
+    if names.clone().nth(FEW_NAMES).is_none() {
+        for (i, n) in names.clone().enumerate() {
+            if names.clone().take(i).any(|earlier| earlier == n) {
+                return Err(duplicate(n));
+            }
+        }
+        return Ok(());
+    }
     let mut seen = HashSet::new();
     for n in names {
         if !seen.insert(n) {
-            return Err(ProtocolError::invalid(format!(
-                "duplicate {role} name '{n}'"
-            )));
+            return Err(duplicate(n));
         }
     }
     Ok(())
@@ -1219,6 +1230,32 @@ mod tests {
         );
         assert_eq!(q(r#"{"data":[1,2],"y":NaN}"#), None);
         assert_eq!(q(r#"{"data":["unterminated"#), None);
+    }
+
+    /// Pairwise for a few names, hashed for more: the same first duplicate either way.
+    #[test]
+    fn duplicates_are_found_among_few_and_many_names() {
+        let check = |names: &[&str]| {
+            check_unique(names.iter().copied(), Role::Input).map_err(|e| e.to_string())
+        };
+        let many: Vec<String> = (0..40).map(|i| format!("T{i}")).collect();
+        let mut names: Vec<&str> = many.iter().map(String::as_str).collect();
+        for len in [0, 1, 2, FEW_NAMES, FEW_NAMES + 1, 40] {
+            assert_eq!(check(&names[..len]), Ok(()), "{len} distinct names");
+        }
+        for len in [2, FEW_NAMES, FEW_NAMES + 1, 40] {
+            let mut with_dup = names[..len].to_vec();
+            with_dup[len - 1] = with_dup[0];
+            with_dup.push(with_dup[1]);
+            assert_eq!(
+                check(&with_dup),
+                Err("duplicate input name 'T0'".to_string()),
+                "{len} names"
+            );
+        }
+        names.truncate(3);
+        names.push("T2");
+        assert_eq!(check(&names), Err("duplicate input name 'T2'".to_string()));
     }
 
     #[test]
