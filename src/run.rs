@@ -213,7 +213,7 @@ pub async fn start_with_resolver(
     if let Some(l) = grpc_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
-            crate::grpc::grpc_service(gateway.clone()),
+            server::with_peer_extension(crate::grpc::grpc_service(gateway.clone())),
             wait(stopped.clone()),
             options,
         )));
@@ -221,7 +221,7 @@ pub async fn start_with_resolver(
     if let Some(l) = metrics_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
-            server::metrics_service(gateway.clone()),
+            server::with_peer_extension(server::metrics_service(gateway.clone())),
             wait(stopped),
             ServeOptions::plain(Duration::from_secs(1)),
         )));

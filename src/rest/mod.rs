@@ -77,8 +77,13 @@ type DispatchFuture = std::pin::Pin<
 
 /// The innermost service of the REST stack: a route's handler. Its observation travels back
 /// to `handle` in the response's extensions.
+/// Made for each request: the trail reaches the handler here, not through the request's
+/// extensions (a map allocated per request).
 #[derive(Clone)]
-struct Dispatch(Arc<Gateway>);
+struct Dispatch {
+    gw: Arc<Gateway>,
+    trail: Option<Arc<observe::Trail>>,
+}
 
 impl tower::Service<Request<Body>> for Dispatch {
     type Response = Response<Body>;
@@ -93,10 +98,11 @@ impl tower::Service<Request<Body>> for Dispatch {
     }
 
     fn call(&mut self, req: Request<Body>) -> DispatchFuture {
-        let gw = self.0.clone();
+        let gw = self.gw.clone();
+        let trail = self.trail.clone();
         Box::pin(async move {
             let mut obs = observe::Observation {
-                trail: req.extensions().get::<Arc<observe::Trail>>().cloned(),
+                trail,
                 ..Default::default()
             };
             let mut response = match dispatch(&gw, req, &mut obs).await {
@@ -119,7 +125,12 @@ impl tower::Service<Request<Body>> for Dispatch {
     }
 }
 
-pub async fn handle<B>(gw: Arc<Gateway>, req: Request<B>) -> Response<Body>
+/// `peer`: the connection's, for the access log.
+pub async fn handle<B>(
+    gw: Arc<Gateway>,
+    peer: Option<std::net::SocketAddr>,
+    req: Request<B>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -131,7 +142,6 @@ where
     let path = req.uri().path().to_string();
     let is_infer = path.ends_with("/infer");
     let request_id = req.headers().get(&crate::gateway::REQUEST_ID).cloned();
-    let peer = observe::PeerAddr::of(req.extensions());
     // Only an inference awaits long enough to be worth a trail.
     let trail = is_infer.then(|| Arc::new(observe::Trail::default()));
     let abandoned = observe::Abandoned::new(|| {
@@ -145,11 +155,11 @@ where
         )
     });
     // One body type inside the stack, whatever the listener's.
-    let mut req = req.map(|b| b.map_err(Into::into).boxed_unsync());
-    if let Some(trail) = &trail {
-        req.extensions_mut().insert(trail.clone());
-    }
-    let handler = Dispatch(gw.clone());
+    let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
+    let handler = Dispatch {
+        gw: gw.clone(),
+        trail: trail.clone(),
+    };
     let stack = tower::ServiceBuilder::new()
         .layer(AuthLayer::auth(
             gw.clone(),

@@ -43,9 +43,14 @@ use content_coding::CanonicalCoding;
 
 use drain::{Drain, Watch};
 
-/// The innermost service: hands each request to the gateway.
+/// The innermost service: hands each request to the gateway. Made for each connection
+/// (`gateway_service`), so that the peer's address reaches the access log without an
+/// extension map allocated for every request.
 #[derive(Clone)]
-pub struct GatewayService(pub Arc<Gateway>);
+pub struct GatewayService {
+    pub gw: Arc<Gateway>,
+    pub peer: Option<SocketAddr>,
+}
 
 impl<B> tower::Service<Request<B>> for GatewayService
 where
@@ -61,10 +66,11 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let gw = self.0.clone();
+        let gw = self.gw.clone();
+        let peer = self.peer;
         let http1 = req.version() < http::Version::HTTP_2;
         Box::pin(async move {
-            let mut response = crate::rest::handle(gw.clone(), req).await;
+            let mut response = crate::rest::handle(gw.clone(), peer, req).await;
             // While draining (before the listener closes, during limits.shutdown_delay_ms),
             // tell HTTP/1 clients to stop reusing the connection. Each then closes after its
             // response, so that by the time the listener closes no client is about to send
@@ -140,16 +146,18 @@ async fn slot(
     sem.clone().acquire_owned().await.ok()
 }
 
-/// Serves connections from `listener` with `service` until `shutdown` resolves, then lets
-/// in-flight requests finish for up to `options.drain`. Returns whether the deadline passed
-/// with connections still open (their requests are cut off when the process ends).
-pub async fn serve<S, ResBody>(
+/// Serves connections from `listener` until `shutdown` resolves, then lets in-flight
+/// requests finish for up to `options.drain`. Returns whether the deadline passed with
+/// connections still open (their requests are cut off when the process ends).
+/// `service_for` makes each connection's service from its peer's address.
+pub async fn serve<M, S, ResBody>(
     listener: TcpListener,
-    service: S,
+    service_for: M,
     shutdown: impl Future<Output = ()>,
     options: ServeOptions,
 ) -> bool
 where
+    M: Fn(SocketAddr) -> S + Clone + Send + Sync + 'static,
     S: tower::Service<Request<Incoming>, Response = Response<ResBody>, Error = Infallible>
         + Clone
         + Send
@@ -160,7 +168,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let drain = Drain::new();
-    let connections = Connections::new(service, &options);
+    let connections = Connections::new(service_for, &options);
     tokio::pin!(shutdown);
     let mut warned = None;
     loop {
@@ -195,8 +203,9 @@ where
 
 /// What every connection of one listener shares.
 #[derive(Clone)]
-struct Connections<S> {
-    service: S,
+struct Connections<M> {
+    /// Makes a connection's service from its peer's address.
+    service_for: M,
     /// The same settings, fixed to one protocol each: the protocol is sniffed here
     /// (`conn::sniff`), not by hyper-util's auto builder.
     http1: auto::Builder<TokioExecutor>,
@@ -208,8 +217,8 @@ struct Connections<S> {
     send_timeout: Duration,
 }
 
-impl<S: Clone> Connections<S> {
-    fn new(service: S, options: &ServeOptions) -> Self {
+impl<M: Clone> Connections<M> {
+    fn new(service_for: M, options: &ServeOptions) -> Self {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -227,7 +236,7 @@ impl<S: Clone> Connections<S> {
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20));
         Connections {
-            service,
+            service_for,
             http1: builder.clone().http1_only(),
             h2: builder.http2_only(),
             tls: options.tls.clone(),
@@ -238,8 +247,9 @@ impl<S: Clone> Connections<S> {
     }
 }
 
-impl<S, ResBody> Connections<S>
+impl<M, S, ResBody> Connections<M>
 where
+    M: Fn(SocketAddr) -> S + Clone + Send + Sync + 'static,
     S: tower::Service<Request<Incoming>, Response = Response<ResBody>, Error = Infallible>
         + Clone
         + Send
@@ -328,8 +338,7 @@ where
             Err(_) => return Err("no request within the header-read timeout".to_string()),
         };
         let io = TokioIo::new(send_timeout::SendTimeout::new(io, self.send_timeout));
-        // The client's address, for the access log.
-        let service = AddExtension::new(self.service.clone(), PeerAddr(peer));
+        let service = (self.service_for)(peer);
         match proto {
             conn::Proto::Http1 => {
                 let service = TowerToHyperService::new(service);
@@ -385,21 +394,28 @@ where
     }
 }
 
-/// The v2 REST service: panics become 500s, answers are compressed, then the gateway.
+/// The v2 REST service of each connection: panics become 500s, answers are compressed,
+/// then the gateway.
 pub fn gateway_service(
     gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<Data = Bytes, Error = impl Into<BoxError>> + Send + 'static,
-    >,
-    Error = Infallible,
-    Future = impl Send + 'static,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
-    with_layers(GatewayService(gw))
+) -> impl Fn(SocketAddr) -> Layered<GatewayService> + Clone + Send + Sync + 'static {
+    move |peer| {
+        with_layers(GatewayService {
+            gw: gw.clone(),
+            peer: Some(peer),
+        })
+    }
+}
+
+/// A service whose handlers read the peer's address from the request's extensions
+/// (`PeerAddr::of`), made for each connection: gRPC's, whose handlers tonic calls.
+pub fn with_peer_extension<S>(
+    service: S,
+) -> impl Fn(SocketAddr) -> AddExtension<S, PeerAddr> + Clone + Send + Sync + 'static
+where
+    S: Clone + Send + Sync + 'static,
+{
+    move |peer| AddExtension::new(service.clone(), PeerAddr(peer))
 }
 
 /// Turns a caught panic into a response.
@@ -547,7 +563,7 @@ mod tests {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(
             listener,
-            service,
+            move |_| service,
             async {
                 let _ = stopped.await;
             },
@@ -610,7 +626,7 @@ mod tests {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(
             listener,
-            service,
+            move |_| service,
             async {
                 let _ = stopped.await;
             },
