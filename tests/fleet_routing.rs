@@ -24,7 +24,7 @@ fn ready_backends(gw: &Running, model: &str) -> BTreeSet<String> {
         .fleet
         .catalog()
         .get(model)
-        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+        .map(|e| e.ready.iter().map(|h| h.name.to_string()).collect())
         .unwrap_or_default()
 }
 
@@ -33,7 +33,7 @@ fn backend_names(gw: &Running) -> BTreeSet<String> {
         .fleet
         .backends()
         .iter()
-        .map(|h| h.name.clone())
+        .map(|h| h.name.to_string())
         .collect()
 }
 
@@ -152,7 +152,7 @@ async fn a_worker_added_by_reload_takes_new_sequences_while_live_ones_stay() {
         .filter(|s| {
             let key = sequence_key("accumulate", &SequenceId::Uint(s.id));
             let owner = &entry.ready[entry.table.lookup(key).unwrap()].name;
-            Some(owner) != s.backend.as_ref()
+            Some(&**owner) != s.backend.as_deref()
         })
         .count();
     assert!(

@@ -473,7 +473,7 @@ async fn load_and_unload_fan_out_through_a_gateway() {
             .fleet
             .backends()
             .iter()
-            .find(|h| h.name == "wb")
+            .find(|h| &*h.name == "wb")
             .unwrap()
             .state
             .load()

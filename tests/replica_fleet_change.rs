@@ -46,7 +46,7 @@ async fn live_sequences_survive_a_join_across_three_replicas() {
             .fleet
             .catalog()
             .get("accumulate")
-            .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+            .map(|e| e.ready.iter().map(|h| h.name.to_string()).collect())
             .unwrap_or_default();
         assert_eq!(ready, names, "every replica has the new worker ready");
     }

@@ -150,12 +150,8 @@ fn warn_mixed(name: &str, e: &CatalogEntry) {
                 .get(name)
                 .is_none_or(|m| m.metadata.same_tensors(&e.metadata))
         });
-    let names = |hs: &[&Arc<BackendHandle>]| {
-        hs.iter()
-            .map(|h| h.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names =
+        |hs: &[&Arc<BackendHandle>]| hs.iter().map(|h| &*h.name).collect::<Vec<_>>().join(", ");
     tracing::warn!(
         model = %name,
         shown = %names(&same),

@@ -86,8 +86,9 @@ pub struct BackendState {
 }
 
 pub struct BackendHandle {
-    /// Name for logs, metrics and the `x-tensorgate-backend` header.
-    pub name: String,
+    /// Name for logs, metrics and the `x-tensorgate-backend` header; shared with the
+    /// observations of the requests it serves.
+    pub name: Arc<str>,
     /// Identity for hashing and pins: the URL (or `builtin`), the same on every replica.
     pub key: String,
     pub backend: Arc<dyn Backend>,
@@ -172,7 +173,7 @@ impl BackendHandle {
             })
             .collect();
         BackendHandle {
-            name: key.trim_start_matches("http://").to_string(),
+            name: key.trim_start_matches("http://").into(),
             key: key.to_string(),
             backend: Arc::new(builtin::BuiltinBackend::new(Default::default())),
             encoding: Encoding::Auto,
@@ -194,7 +195,7 @@ impl BackendHandle {
     /// Whether this handle can stand for `b` at `url` after a reload, keeping its health,
     /// state and pooled connections.
     fn same_as(&self, name: &str, url: &str, b: &BackendConfig) -> bool {
-        self.name == name
+        *self.name == *name
             && self.key == url
             && self.encoding == b.encoding
             && self.classification == b.classification
@@ -330,7 +331,7 @@ impl Fleet {
                             let kept: Vec<(String, String)> = old
                                 .iter()
                                 .filter(|h| h.name.starts_with(&format!("{name}/")))
-                                .map(|h| (h.name.clone(), h.key.clone()))
+                                .map(|h| (h.name.to_string(), h.key.clone()))
                                 .collect();
                             (kept, format!("DNS discovery failed: {e}"))
                         }
@@ -403,7 +404,7 @@ impl Fleet {
             ))
         };
         Ok(Arc::new(BackendHandle {
-            name: name.to_string(),
+            name: name.into(),
             key: url.to_string(),
             backend,
             encoding: b.encoding,

@@ -48,7 +48,7 @@ impl Fleet {
             })
             .map(|h| async move {
                 let skipped = || ControlOutcome {
-                    backend: h.name.clone(),
+                    backend: h.name.to_string(),
                     result: Ok(()),
                     refused: false,
                     in_process: h.backend.in_process(),
@@ -74,7 +74,7 @@ impl Fleet {
                         ),
                     };
                 ControlOutcome {
-                    backend: h.name.clone(),
+                    backend: h.name.to_string(),
                     result,
                     refused,
                     in_process: h.backend.in_process(),

@@ -196,7 +196,11 @@ impl Gateway {
             );
         }
         let names = |fleet: &crate::fleet::Fleet| -> std::collections::BTreeSet<String> {
-            fleet.backends().iter().map(|h| h.name.clone()).collect()
+            fleet
+                .backends()
+                .iter()
+                .map(|h| h.name.to_string())
+                .collect()
         };
         let before = names(&self.fleet);
         self.fleet.reconcile(&config).await?;
@@ -288,7 +292,7 @@ impl Gateway {
         let unresolved = self.fleet.unresolved();
         let live: std::collections::HashSet<&str> = backends
             .iter()
-            .map(|h| h.name.as_str())
+            .map(|h| &*h.name)
             .chain(unresolved.iter().map(|u| u.name.as_str()))
             .collect();
         self.metrics.forget_backends(|b| live.contains(b));

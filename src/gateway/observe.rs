@@ -38,7 +38,8 @@ pub struct Observation {
     /// Set once the model is known to the catalog (so labels stay bounded).
     pub model: Option<String>,
     pub version: Option<String>,
-    pub backend: Option<String>,
+    /// Shared with the fleet's handle and the trail, not copied per request.
+    pub backend: Option<std::sync::Arc<str>>,
     pub sequence: Option<String>,
     /// Inferences in the request (the batch size when the first dimension is a batch, which
     /// may be 0); `None` until the request is decoded, then counted as one.
@@ -50,7 +51,7 @@ pub struct Observation {
     pub binary_to_json: u64,
     pub retried_from: Option<String>,
     /// The W3C trace context sent to the backend, for the access log.
-    pub traceparent: Option<String>,
+    pub traceparent: Option<std::sync::Arc<str>>,
     /// The client's `x-request-id`, for the access log.
     pub request_id: Option<http::HeaderValue>,
     /// The client's address (the connection's peer), for the access log.
@@ -79,9 +80,9 @@ pub struct Trail(Mutex<Noted>);
 
 #[derive(Default)]
 struct Noted {
-    backend: Option<String>,
+    backend: Option<std::sync::Arc<str>>,
     sequence: Option<String>,
-    traceparent: Option<String>,
+    traceparent: Option<std::sync::Arc<str>>,
     bytes_in: u64,
 }
 

@@ -141,8 +141,8 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
                 .unwrap_or_default();
             for v in listed_versions(listed) {
                 match by_version.iter_mut().find(|(x, _)| *x == v) {
-                    Some((_, backends)) => backends.push(h.name.clone()),
-                    None => by_version.push((v, vec![h.name.clone()])),
+                    Some((_, backends)) => backends.push(h.name.to_string()),
+                    None => by_version.push((v, vec![h.name.to_string()])),
                 }
             }
         }
@@ -166,7 +166,7 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
                 e.name == u.name
                     && e.ready()
                     && (u.version.is_none() || e.version == u.version)
-                    && !e.backends.contains(&h.name)
+                    && !e.backends.iter().any(|b| **b == *h.name)
             });
             if !served {
                 entries.push(IndexEntry {
@@ -174,7 +174,7 @@ pub fn repository_index(gw: &Gateway) -> Vec<IndexEntry> {
                     version: u.version.clone(),
                     state: u.state.as_str(),
                     reason: u.reason.clone(),
-                    backends: vec![h.name.clone()],
+                    backends: vec![h.name.to_string()],
                 });
             }
         }

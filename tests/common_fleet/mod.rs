@@ -266,7 +266,7 @@ pub fn hash_owner(gw: &Running, id: u64) -> String {
     );
     entry.ready[entry.table.lookup(key).expect("a non-empty table")]
         .name
-        .clone()
+        .to_string()
 }
 
 /// The sequences of `live` whose hash owner on `gw` is no longer the backend they started
@@ -813,6 +813,6 @@ pub fn ready_names(gw: &tensorgate::run::Running) -> std::collections::BTreeSet<
         .fleet
         .catalog()
         .get("accumulate")
-        .map(|e| e.ready.iter().map(|h| h.name.clone()).collect())
+        .map(|e| e.ready.iter().map(|h| h.name.to_string()).collect())
         .unwrap_or_default()
 }

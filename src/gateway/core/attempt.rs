@@ -191,7 +191,7 @@ impl Attempt<'_> {
             if retry && refused.is_none() {
                 tracing::info!(backend = %backend.name, error = %failure.error, "no answer from the backend; retrying on another");
                 refused = Some(backend.key.clone());
-                obs.retried_from = Some(backend.name.clone());
+                obs.retried_from = Some(backend.name.to_string());
                 refusal = Some(failure.error);
                 continue;
             }
@@ -375,7 +375,7 @@ impl Attempt<'_> {
                 past_owner = %past_owner.name,
                 "sequence unknown to its hash owner; trying its owner before the last fleet change"
             );
-            obs.retried_from = Some(route.backend.name.clone());
+            obs.retried_from = Some(route.backend.name.to_string());
             match self.on(past_owner, labels, obs).await {
                 Ok(response) => {
                     router.pin(self.model, &self.req.options, past_owner.as_ref());

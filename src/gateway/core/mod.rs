@@ -122,7 +122,7 @@ pub async fn infer(
     obs.batch = Some(batch_size(req, &entry.metadata));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
-    obs.traceparent = trace.to_str().ok().map(String::from);
+    obs.traceparent = trace.to_str().ok().map(std::sync::Arc::from);
     headers.insert(crate::headers::TRACEPARENT, trace);
     if let Some(id) = ctx.request_id {
         headers.insert(super::REQUEST_ID, id.clone());
