@@ -40,7 +40,7 @@ async fn unknown_model_path_method_and_version() {
             405,
             "method POST is not allowed on /v2/health/ready; use GET",
         );
-        assert_eq!(r.header("allow"), Some("GET"));
+        assert_eq!(r.header("allow"), Some("GET, HEAD"));
         let r = env.get("/v2/repository/index").await;
         r.assert_error(
             405,
@@ -335,6 +335,18 @@ async fn content_encodings() {
         env.send(req).await.assert_error(
             415,
             "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
+        );
+        // Stacked codings (RFC 9110 8.4 allows them): refused, saying that is why.
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Content-Encoding", "gzip, gzip")
+            .header("Content-Type", "application/json")
+            .body(gzip(&gzip(&json)));
+        env.send(req).await.assert_error(
+            415,
+            "unsupported Content-Encoding 'gzip, gzip': a body in more than one coding is not \
+             supported; send it in one of gzip, deflate or identity",
         );
 
         let codings: [(&str, Codec, &str); 2] = [
@@ -681,6 +693,12 @@ async fn plaintext_h2_with_prior_knowledge() {
             serde_json::from_slice::<Value>(&body).unwrap(),
             json!({ "ready": true })
         );
+        // HEAD: the GET's length and no content (RFC 9110 9.3.2); h2 clients reset a
+        // stream whose HEAD answer carries DATA.
+        let (parts, body) = send("HEAD", "/v2/health/ready", Vec::new()).await;
+        assert_eq!(parts.status, 200);
+        assert_eq!(parts.headers["content-length"], "14");
+        assert_eq!(&body[..], b"");
 
         let (parts, body) = send("POST", "/v2/models/simple/infer", json.clone()).await;
         assert_eq!(parts.version, http::Version::HTTP_2);

@@ -269,6 +269,32 @@ fn wait_for_close(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
     None
 }
 
+/// RFC 9112 3.2: an HTTP/1.1 request without Host is a 400; HTTP/1.0 needs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http11_request_without_host_is_refused() {
+    let gw = gateway(|_| {}).await;
+    let addr = gw.addr;
+    tokio::task::spawn_blocking(move || {
+        let answer = |request: &[u8]| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(request).unwrap();
+            read_all(&mut s, Duration::from_secs(10))
+        };
+        let reply = answer(b"GET /v2/health/live HTTP/1.1\r\nconnection: close\r\n\r\n");
+        let (head, body) = reply.split_once("\r\n\r\n").expect("a complete answer");
+        assert!(head.starts_with("HTTP/1.1 400"), "{reply}");
+        assert_eq!(
+            body,
+            r#"{"error":"an HTTP/1.1 request must have a Host header (RFC 9112 3.2)"}"#
+        );
+        let reply = answer(b"GET /v2/health/live HTTP/1.0\r\n\r\n");
+        assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    })
+    .await
+    .unwrap();
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_silent_connections_are_closed_after_the_header_read_timeout() {
     let gw = gateway(|c| c.limits.header_read_timeout_ms = 300).await;

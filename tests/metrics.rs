@@ -794,6 +794,26 @@ async fn version_stats_have_tritons_shape_and_count_the_requests() {
     gw.shutdown().await;
 }
 
+/// The metrics listener serves GET and HEAD; another method gets 405 naming them, as the
+/// REST listener's GET paths answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_takes_only_get() {
+    let gw = tensorgate::run::start(loopback_config(true), true)
+        .await
+        .unwrap();
+    let url = format!("http://{}/metrics", gw.metrics_addr.unwrap());
+    let client = reqwest::Client::new();
+    let r = client.post(&url).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "method POST is not allowed on /metrics; use GET"})
+    );
+    assert_eq!(client.head(&url).send().await.unwrap().status(), 200);
+    gw.shutdown().await;
+}
+
 /// `metrics_listen = ""` opens no metrics listener, and the v2 API serves as before (its
 /// statistics extension included).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,6 +113,12 @@ impl tower::Service<Request<Body>> for Dispatch {
                     let mut r = error_response(&e);
                     if let GatewayError::MethodNotAllowed(_) = e {
                         if let Some(allow) = allowed_method(e.message()) {
+                            // Every GET path answers HEAD too (RFC 9110 10.2.1).
+                            let allow = if allow == "GET" {
+                                HeaderValue::from_static("GET, HEAD")
+                            } else {
+                                allow
+                            };
                             r.headers_mut().insert(header::ALLOW, allow);
                         }
                     }
@@ -326,6 +332,13 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without a Host (h2 has
+    // :authority, HTTP/1.0 predates Host).
+    if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+        return Err(GatewayError::BadRequest(
+            "an HTTP/1.1 request must have a Host header (RFC 9112 3.2)".into(),
+        ));
+    }
     let route = routes::route(req.method(), req.uri().path()).map_err(|e| match e {
         RouteError::NotFound => {
             GatewayError::NotFound(format!("no such endpoint: {}", req.uri().path()))
@@ -586,10 +599,16 @@ fn content_coding<B>(req: &Request<B>) -> Result<Option<Coding>, GatewayError> {
                 .iter()
                 .map(|v| String::from_utf8_lossy(v.as_bytes()))
                 .collect();
-            Err(GatewayError::UnsupportedEncoding(format!(
-                "unsupported Content-Encoding '{}'; supported: gzip, deflate, identity",
-                sent.join(", ")
-            )))
+            let sent = sent.join(", ");
+            // `CanonicalCoding` has left a list only when it names two real codings.
+            Err(GatewayError::UnsupportedEncoding(if sent.contains(',') {
+                format!(
+                    "unsupported Content-Encoding '{sent}': a body in more than one coding is \
+                     not supported; send it in one of gzip, deflate or identity"
+                )
+            } else {
+                format!("unsupported Content-Encoding '{sent}'; supported: gzip, deflate, identity")
+            }))
         }
     }
 }

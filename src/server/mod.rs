@@ -69,8 +69,26 @@ where
         let gw = self.gw.clone();
         let peer = self.peer;
         let http1 = req.version() < http::Version::HTTP_2;
+        let head = req.method() == http::Method::HEAD;
         Box::pin(async move {
             let mut response = crate::rest::handle(gw.clone(), peer, req).await;
+            // hyper leaves a HEAD answer's body out over HTTP/1, but sends it over h2, where
+            // the client then resets the stream (RFC 9110 9.3.2: HEAD's answer has no
+            // content). The length stays, as a GET would have it.
+            if head && !http1 {
+                let length = http_body::Body::size_hint(response.body()).exact();
+                if let Some(n) = length {
+                    if !response
+                        .headers()
+                        .contains_key(http::header::CONTENT_LENGTH)
+                    {
+                        response
+                            .headers_mut()
+                            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+                    }
+                }
+                *response.body_mut() = crate::body::empty();
+            }
             // While draining (before the listener closes, during limits.shutdown_delay_ms),
             // tell HTTP/1 clients to stop reusing the connection. Each then closes after its
             // response, so that by the time the listener closes no client is about to send
@@ -473,7 +491,16 @@ pub fn metrics_service(
     tower::service_fn(move |req: Request<Incoming>| {
         let gw = gw.clone();
         async move {
-            let resp = if req.uri().path() == "/metrics" {
+            let get = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+            let resp = if req.uri().path() == "/metrics" && !get {
+                let mut r = error_response(&GatewayError::MethodNotAllowed(format!(
+                    "method {} is not allowed on /metrics; use GET",
+                    req.method()
+                )));
+                r.headers_mut()
+                    .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+                r
+            } else if req.uri().path() == "/metrics" {
                 gw.update_gauges();
                 let metrics = &gw.metrics;
                 Response::builder()
