@@ -240,6 +240,48 @@ async fn a_worker_computes_what_onnxruntime_computes() {
     }
 }
 
+/// Triton's configs for scalars and reshaped tensors serve the shapes config.pbtxt gives,
+/// with onnxruntime's values (Y = X + X): an ONNX scalar given as `dims: [ 1 ]`, a batch of
+/// scalars (`dims: [ 1 ] reshape: { shape: [ ] }`, as Triton's auto-complete writes it) and
+/// a [N, 2, 2] tensor served flat (`dims: [ 4 ] reshape: { shape: [ 2, 2 ] }`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reshaped_tensors_serve_the_shapes_config_pbtxt_gives() {
+    let w = worker("w", &fixtures().join("scalar")).await;
+    let client = http_client();
+    let square: Vec<f64> = (0..8).map(f64::from).collect();
+    let doubled: Vec<f64> = square.iter().map(|v| v * 2.0).collect();
+    let cases = [
+        ("scalar", json!([1]), json!([1]), json!([1.5]), json!([3.0])),
+        (
+            "batched_scalar",
+            json!([-1, 1]),
+            json!([3, 1]),
+            json!([1.0, 2.0, 3.0]),
+            json!([2.0, 4.0, 6.0]),
+        ),
+        (
+            "flat_square",
+            json!([-1, 4]),
+            json!([2, 4]),
+            json!(square),
+            json!(doubled),
+        ),
+    ];
+    for (model, served, shape, data, want) in cases {
+        let (status, meta) = get_json(&client, &format!("{}/v2/models/{model}", w.url)).await;
+        assert_eq!(status, 200, "{model}: {meta}");
+        assert_eq!(meta["inputs"][0]["shape"], served, "{model}");
+        assert_eq!(meta["outputs"][0]["shape"], served, "{model}");
+        let body =
+            json!({"inputs": [{"name": "X", "datatype": "FP32", "shape": shape, "data": data}]});
+        let url = format!("{}/v2/models/{model}/infer", w.url);
+        let (status, answer) = post_json(&client, &url, &body).await;
+        assert_eq!(status, 200, "{model}: {answer}");
+        assert_eq!(answer["outputs"][0]["shape"], shape, "{model}");
+        assert_eq!(answer["outputs"][0]["data"], want, "{model}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
     let repo = repository("onnx-broken");

@@ -35,6 +35,12 @@ pub struct OnnxModel {
     specialized: std::sync::Mutex<HashMap<Vec<i64>, Arc<TypedRunnableModel>>>,
     /// The graph's inputs, in the order the plan takes them.
     inputs: Vec<(String, DatumType)>,
+    /// Each input's shape in the model after any batch dimension, where config.pbtxt
+    /// reshapes it (`reshape`, or a scalar given as `dims: [ 1 ]`).
+    input_reshapes: Vec<Option<Vec<usize>>>,
+    /// Each output's shape for clients after any batch dimension, where config.pbtxt
+    /// reshapes it.
+    output_reshapes: Vec<Option<Vec<usize>>>,
     labels: HashMap<String, Arc<Vec<String>>>,
     instances: usize,
     /// config.pbtxt's; 0: no batching dimension to bound.
@@ -43,12 +49,27 @@ pub struct OnnxModel {
 
 impl OnnxModel {
     pub fn load(path: &Path, settings: ModelSettings) -> Result<OnnxModel, String> {
-        let typed = tract_onnx::onnx()
+        let mut typed = tract_onnx::onnx()
             .model_for_path(path)
             .and_then(|m| m.into_typed())
             .map_err(|e| format!("{}: not a model tract can load: {e:#}", path.display()))?;
         let graph_inputs = tensors_of(&typed, typed.input_outlets().map_err(err)?)?;
-        let graph_outputs = tensors_of(&typed, typed.output_outlets().map_err(err)?)?;
+        let mut graph_outputs = tensors_of(&typed, typed.output_outlets().map_err(err)?)?;
+        // As in Triton, config.pbtxt may list some of the outputs: only those are served
+        // (and computed).
+        if !settings.outputs.is_empty() && settings.outputs.len() < graph_outputs.len() {
+            known_names(&graph_outputs, &settings.outputs, "output")?;
+            let kept: Vec<OutletId> = typed
+                .output_outlets()
+                .map_err(err)?
+                .iter()
+                .zip(&graph_outputs)
+                .filter(|(_, g)| settings.outputs.iter().any(|c| c.name == g.name))
+                .map(|(o, _)| *o)
+                .collect();
+            typed.select_output_outlets(&kept).map_err(err)?;
+            graph_outputs = tensors_of(&typed, typed.output_outlets().map_err(err)?)?;
+        }
         let inputs: Vec<(String, DatumType)> = typed
             .input_outlets()
             .map_err(err)?
@@ -68,19 +89,35 @@ impl OnnxModel {
                 .platform
                 .clone()
                 .unwrap_or_else(|| "onnxruntime_onnx".into()),
-            inputs: merge(
-                &graph_inputs,
-                &settings.inputs,
-                settings.max_batch_size,
-                "input",
-            )?,
-            outputs: merge(
-                &graph_outputs,
-                &settings.outputs,
-                settings.max_batch_size,
-                "output",
-            )?,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
         };
+        let mut meta = meta;
+        let (inputs_meta, input_reshapes) = merge(
+            &graph_inputs,
+            &settings.inputs,
+            &settings.input_reshapes,
+            settings.max_batch_size,
+            "input",
+        )?;
+        let (outputs_meta, output_reshapes) = merge(
+            &graph_outputs,
+            &settings.outputs,
+            &settings.output_reshapes,
+            settings.max_batch_size,
+            "output",
+        )?;
+        meta.inputs = inputs_meta;
+        meta.outputs = outputs_meta;
+        // An input keeps the shape the model takes; an output gets the one clients see.
+        let input_reshapes = input_reshapes
+            .into_iter()
+            .map(|r| r.map(|r| r.model))
+            .collect();
+        let output_reshapes = output_reshapes
+            .into_iter()
+            .map(|r| r.map(|r| r.served))
+            .collect();
         for output in settings.labels.keys() {
             if !meta.outputs.iter().any(|t| &t.name == output) {
                 return Err(format!(
@@ -114,6 +151,8 @@ impl OnnxModel {
             symbols,
             specialized: Default::default(),
             inputs,
+            input_reshapes,
+            output_reshapes,
             labels: settings
                 .labels
                 .into_iter()
@@ -135,7 +174,11 @@ impl OnnxModel {
         for (i, axis, sym) in &self.symbols {
             let (name, _) = &self.inputs[*i];
             let t = super::input(req, name)?;
-            let value = t.shape.get(*axis).copied().unwrap_or(0) as i64;
+            let value = self
+                .model_shape(*i, &t.shape)
+                .get(*axis)
+                .copied()
+                .unwrap_or(0) as i64;
             if let Some(previous) = bound.insert(sym.clone(), value).filter(|p| *p != value) {
                 return Err(ModelError::Invalid(format!(
                     "inputs disagree on dimension {sym}: {previous} and {value} (input '{name}')"
@@ -189,12 +232,51 @@ impl OnnxModel {
         Ok(())
     }
 
+    /// An input's shape as the model takes it: the request's, or config.pbtxt's `reshape`
+    /// after the request's batch dimension. The gateway has checked the request's shape
+    /// against the served dims, whose elements the reshape holds.
+    fn model_shape(&self, input: usize, shape: &[u64]) -> Vec<usize> {
+        match &self.input_reshapes[input] {
+            Some(reshape) => {
+                let batch = shape.iter().take(usize::from(self.max_batch_size > 0));
+                batch
+                    .map(|d| *d as usize)
+                    .chain(reshape.iter().copied())
+                    .collect()
+            }
+            None => shape.iter().map(|d| *d as usize).collect(),
+        }
+    }
+
+    /// An output as clients see it: reshaped to config.pbtxt's dims after the batch
+    /// dimension, where config.pbtxt reshapes it.
+    fn served(&self, output: usize, mut t: V2Tensor) -> Result<V2Tensor, ModelError> {
+        let Some(dims) = &self.output_reshapes[output] else {
+            return Ok(t);
+        };
+        let batch = usize::from(self.max_batch_size > 0).min(t.shape.len());
+        let shape: Vec<u64> = t.shape[..batch]
+            .iter()
+            .copied()
+            .chain(dims.iter().map(|d| *d as u64))
+            .collect();
+        if shape.iter().product::<u64>() != t.shape.iter().product::<u64>() {
+            return Err(ModelError::Failed(format!(
+                "output '{}': the model made shape {:?}, which does not reshape to {shape:?}",
+                t.name, t.shape
+            )));
+        }
+        t.shape = shape;
+        Ok(t)
+    }
+
     fn to_tract(&self, req: &InferRequest) -> Result<TVec<TValue>, ModelError> {
         self.inputs
             .iter()
-            .map(|(name, dt)| {
+            .enumerate()
+            .map(|(i, (name, dt))| {
                 let t = super::input(req, name)?;
-                let shape: Vec<usize> = t.shape.iter().map(|d| *d as usize).collect();
+                let shape = self.model_shape(i, &t.shape);
                 let tensor = if *dt == DatumType::String {
                     let strings = t
                         .bytes_elements()
@@ -241,7 +323,8 @@ impl Model for OnnxModel {
             .outputs
             .iter()
             .zip(outputs)
-            .map(|(meta, value)| from_tract(&meta.name, &value))
+            .enumerate()
+            .map(|(i, (meta, value))| self.served(i, from_tract(&meta.name, &value)?))
             .collect()
     }
 
@@ -295,14 +378,49 @@ fn fixed_first_dimension(role: &str, g: &TensorMetadata, max_batch_size: u32) ->
     )
 }
 
+/// A tensor whose shape in the model is not the one clients see (config.pbtxt's `reshape`,
+/// or a scalar it gives as `dims: [ 1 ]`): both after any batch dimension, holding the same
+/// number of elements.
+#[derive(Debug, Clone, PartialEq)]
+struct Reshape {
+    model: Vec<usize>,
+    served: Vec<usize>,
+}
+
+/// config.pbtxt's tensors must be the model's: a name it lists that the graph lacks is
+/// named, with the graph's names.
+fn known_names(
+    graph: &[TensorMetadata],
+    config: &[TensorMetadata],
+    role: &str,
+) -> Result<(), String> {
+    match config
+        .iter()
+        .find(|c| !graph.iter().any(|g| g.name == c.name))
+    {
+        None => Ok(()),
+        Some(c) => Err(format!(
+            "config.pbtxt lists {role} '{}', which the model does not have (its {role}s: {})",
+            c.name,
+            graph
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// The metadata of one side: the graph's, or config.pbtxt's where it lists tensors (they must
-/// exist in the graph with the same datatype; with batching the shape is [-1] + dims).
+/// exist in the graph with the same datatype; with batching the shape is [-1] + dims), with
+/// each tensor's reshape, if it has one.
 fn merge(
     graph: &[TensorMetadata],
     config: &[TensorMetadata],
+    reshapes: &HashMap<String, Vec<i64>>,
     max_batch_size: u32,
     role: &str,
-) -> Result<Vec<TensorMetadata>, String> {
+) -> Result<(Vec<TensorMetadata>, Vec<Option<Reshape>>), String> {
     if config.is_empty() {
         // Without tensors in config.pbtxt the graph's shapes stand, and a batch limit still
         // needs a variable first dimension to bound.
@@ -312,8 +430,9 @@ fn merge(
         {
             return Err(fixed_first_dimension(role, g, max_batch_size));
         }
-        return Ok(graph.to_vec());
+        return Ok((graph.to_vec(), vec![None; graph.len()]));
     }
+    known_names(graph, config, role)?;
     if config.len() != graph.len() {
         return Err(format!(
             "config.pbtxt lists {} {role}s, the model has {} ({})",
@@ -339,21 +458,37 @@ fn merge(
                     g.name, c.datatype, g.datatype
                 ));
             }
-            let mut shape = c.shape.clone();
             let batched = max_batch_size > 0;
+            let reshape = match reshapes.get(&g.name) {
+                Some(r) => Some(r.clone()),
+                // Triton's rule for an ONNX scalar: config dims of ones stand for it.
+                None if g.shape.len() == usize::from(batched)
+                    && !c.shape.is_empty()
+                    && c.shape.iter().all(|d| *d == 1) =>
+                {
+                    Some(Vec::new())
+                }
+                None => None,
+            };
+            // What the graph is checked against: the reshape, or the dims.
+            let (in_model, gives) = match &reshape {
+                Some(r) => (r, "config.pbtxt's reshape gives"),
+                None => (&c.shape, "config.pbtxt gives"),
+            };
+            let mut model_shape = in_model.clone();
             if batched {
-                shape.insert(0, -1);
+                model_shape.insert(0, -1);
             }
             let after_batch = if batched {
                 " after the batch dimension"
             } else {
                 ""
             };
-            if shape.len() != g.shape.len() {
+            if model_shape.len() != g.shape.len() {
                 return Err(format!(
-                    "{role} '{}': config.pbtxt gives {} dimensions{after_batch}, the model has {}",
+                    "{role} '{}': {gives} {} dimensions{after_batch}, the model has {}",
                     g.name,
-                    c.shape.len(),
+                    in_model.len(),
                     g.shape.len() - usize::from(batched && !g.shape.is_empty())
                 ));
             }
@@ -364,24 +499,58 @@ fn merge(
             // contradict one the graph fixes, nor leave it variable (clients would send
             // shapes the model refuses).
             let skip = usize::from(batched);
-            for (axis, (&want, &has)) in shape.iter().zip(&g.shape).enumerate().skip(skip) {
+            for (axis, (&want, &has)) in model_shape.iter().zip(&g.shape).enumerate().skip(skip) {
                 if want < -1 || (has >= 0 && want != has) {
                     return Err(format!(
-                        "{role} '{}': config.pbtxt gives dims {:?}{after_batch}, the model has {:?} (dimension {} is {has} in the model, {want} in config.pbtxt)",
+                        "{role} '{}': {gives} dims {:?}{after_batch}, the model has {:?} (dimension {} is {has} in the model, {want} in config.pbtxt)",
                         g.name,
-                        c.shape,
+                        in_model,
                         &g.shape[skip..],
                         axis - skip
                     ));
                 }
             }
-            Ok(TensorMetadata {
-                name: g.name.clone(),
-                datatype: g.datatype.clone(),
-                shape,
-            })
+            let reshape = match reshape {
+                None => None,
+                Some(r) => Some(fixed_reshape(role, c, r)?),
+            };
+            let mut shape = c.shape.clone();
+            if batched {
+                shape.insert(0, -1);
+            }
+            Ok((
+                TensorMetadata {
+                    name: g.name.clone(),
+                    datatype: g.datatype.clone(),
+                    shape,
+                },
+                reshape,
+            ))
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()
+        .map(|tensors| tensors.into_iter().unzip())
+}
+
+/// A reshape between fixed shapes of as many elements: a variable dimension on either side
+/// would leave the other's undetermined.
+fn fixed_reshape(role: &str, c: &TensorMetadata, reshape: Vec<i64>) -> Result<Reshape, String> {
+    let fixed = |dims: &[i64]| -> Option<Vec<usize>> {
+        dims.iter().map(|d| usize::try_from(*d).ok()).collect()
+    };
+    let (Some(model), Some(served)) = (fixed(&reshape), fixed(&c.shape)) else {
+        return Err(format!(
+            "{role} '{}': config.pbtxt gives dims {:?} and reshape {:?}; tensorgate reshapes only between fixed shapes",
+            c.name, c.shape, reshape
+        ));
+    };
+    let elements = |d: &[usize]| d.iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+    if elements(&model) != elements(&served) {
+        return Err(format!(
+            "{role} '{}': config.pbtxt's dims {:?} and reshape {:?} hold different numbers of elements",
+            c.name, c.shape, reshape
+        ));
+    }
+    Ok(Reshape { model, served })
 }
 
 fn v2_datatype(dt: DatumType) -> Option<DataType> {
@@ -600,6 +769,125 @@ mod tests {
         );
     }
 
+    /// config.pbtxt may list some of a model's outputs, as in Triton: only those are served.
+    /// A name the model lacks is named.
+    #[test]
+    fn config_may_list_some_outputs() {
+        let listed = |names: &[&str]| ModelSettings {
+            outputs: names
+                .iter()
+                .map(|n| TensorMetadata {
+                    name: n.to_string(),
+                    datatype: if *n == "ARGMAX" { "INT64" } else { "INT32" }.into(),
+                    shape: if *n == "ARGMAX" {
+                        vec![-1]
+                    } else {
+                        vec![-1, 4]
+                    },
+                })
+                .collect(),
+            ..ModelSettings::default()
+        };
+        let model = fixture("repo", "intbool", listed(&["SUM"])).unwrap();
+        let names: Vec<&str> = model.meta.outputs.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["SUM"]);
+        let int32s = |name: &str, values: &[i32]| V2Tensor {
+            name: name.into(),
+            datatype: DataType::Int32,
+            shape: vec![1, 4],
+            parameters: Parameters::new(),
+            data: values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        };
+        let req = InferRequest {
+            id: None,
+            parameters: Parameters::new(),
+            options: RequestOptions::default(),
+            inputs: vec![int32s("A", &[1, 2, 3, 4]), int32s("B", &[10, 0, 10, 0])],
+            outputs: None,
+        };
+        let out = model.infer(&req).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].name.as_str(), &out[0].shape[..]),
+            ("SUM", &[1u64, 4][..])
+        );
+        let sums: Vec<i32> = out[0]
+            .data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(sums, [11, 2, 13, 4]);
+        assert_eq!(
+            fixture("repo", "intbool", listed(&["SUM", "TOTAL"])).err(),
+            Some("config.pbtxt lists output 'TOTAL', which the model does not have (its outputs: SUM, GREATER, ARGMAX)".to_string())
+        );
+    }
+
+    /// A reshape maps between fixed shapes of as many elements; an ONNX scalar may be given
+    /// as dims of ones, as Triton allows.
+    #[test]
+    fn reshapes_map_fixed_shapes_of_as_many_elements() {
+        let graph = [tensor("X", &[-1, 2, 2])];
+        let reshape = |r: &[i64]| HashMap::from([("X".to_string(), r.to_vec())]);
+        let (tensors, reshapes) =
+            merge(&graph, &[tensor("X", &[4])], &reshape(&[2, 2]), 8, "input").unwrap();
+        assert_eq!(tensors[0].shape, [-1, 4]);
+        assert_eq!(
+            reshapes[0],
+            Some(Reshape {
+                model: vec![2, 2],
+                served: vec![4]
+            })
+        );
+        let refused = [
+            (
+                &[5][..],
+                &[2, 2][..],
+                "input 'X': config.pbtxt's dims [5] and reshape [2, 2] hold different numbers of elements",
+            ),
+            (
+                &[-1],
+                &[2, 2],
+                "input 'X': config.pbtxt gives dims [-1] and reshape [2, 2]; tensorgate reshapes only between fixed shapes",
+            ),
+            (
+                &[4],
+                &[4],
+                "input 'X': config.pbtxt's reshape gives 1 dimensions after the batch dimension, the model has 2",
+            ),
+        ];
+        for (dims, r, want) in refused {
+            assert_eq!(
+                merge(&graph, &[tensor("X", dims)], &reshape(r), 8, "input").map(|_| ()),
+                Err(want.to_string())
+            );
+        }
+        // Scalars: rank 0 after any batch dimension, given as dims of ones.
+        for (shape, batch, served) in [(&[][..], 0, vec![1]), (&[-1], 8, vec![-1, 1])] {
+            let scalar = [tensor("X", shape)];
+            let (tensors, reshapes) = merge(
+                &scalar,
+                &[tensor("X", &[1])],
+                &HashMap::new(),
+                batch,
+                "input",
+            )
+            .unwrap();
+            assert_eq!(tensors[0].shape, served);
+            assert_eq!(
+                reshapes[0],
+                Some(Reshape {
+                    model: vec![],
+                    served: vec![1]
+                })
+            );
+        }
+    }
+
     fn tensor(name: &str, shape: &[i64]) -> TensorMetadata {
         TensorMetadata {
             name: name.into(),
@@ -613,6 +901,9 @@ mod tests {
     #[test]
     fn config_dims_must_agree_with_the_graph() {
         let graph = [tensor("X", &[-1, 16, -1])];
+        let merge = |graph: &[TensorMetadata], config: &[TensorMetadata], batch: u32, role| {
+            merge(graph, config, &HashMap::new(), batch, role).map(|(tensors, _)| tensors)
+        };
         let merged = merge(&graph, &[tensor("X", &[16, 4])], 8, "input").unwrap();
         assert_eq!(merged[0].shape, [-1, 16, 4]);
         let cases = [

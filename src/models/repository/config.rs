@@ -34,6 +34,9 @@ impl Default for VersionPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IoConfig {
     pub tensor: TensorMetadata,
+    /// `reshape { shape }`: the tensor's shape in the model (after any batch dimension),
+    /// where `dims` is the one clients see.
+    pub reshape: Option<Vec<i64>>,
     /// Relative to the model's directory.
     pub label_filename: Option<String>,
 }
@@ -50,7 +53,8 @@ pub struct ModelConfigFile {
     pub version_policy: VersionPolicy,
     /// The sum of the instance groups' counts; `None` when no group is given.
     pub instances: Option<usize>,
-    /// Set fields that are not honoured, as paths (`dynamic_batching`, `input[0].reshape`).
+    /// Set fields that are not honoured, as paths (`dynamic_batching`,
+    /// `input[0].allow_ragged_batch`).
     pub ignored: Vec<String>,
 }
 
@@ -64,8 +68,8 @@ const TOP: &[&str] = &[
     "version_policy",
     "instance_group",
 ];
-const INPUT: &[&str] = &["name", "data_type", "dims"];
-const OUTPUT: &[&str] = &["name", "data_type", "dims", "label_filename"];
+const INPUT: &[&str] = &["name", "data_type", "dims", "reshape"];
+const OUTPUT: &[&str] = &["name", "data_type", "dims", "reshape", "label_filename"];
 const INSTANCE_GROUP: &[&str] = &["name", "count", "kind"];
 
 /// What is wrong with a config.pbtxt, and where when the parser knows.
@@ -257,19 +261,28 @@ fn io_config(item: &DynamicMessage, role: &str, i: usize) -> Result<IoConfig, St
     let data_type = enum_name(item, "data_type").unwrap_or_else(|| "TYPE_INVALID".into());
     let datatype = v2_datatype(&data_type)
         .ok_or_else(|| format!("{role} '{name}': data_type {data_type} has no v2 datatype"))?;
-    let shape = item
-        .get_field_by_name("dims")
-        .and_then(|v| {
-            v.as_list()
-                .map(|l| l.iter().filter_map(Value::as_i64).collect())
-        })
-        .unwrap_or_default();
+    let ints = |msg: &DynamicMessage, field: &str| -> Vec<i64> {
+        msg.get_field_by_name(field)
+            .and_then(|v| {
+                v.as_list()
+                    .map(|l| l.iter().filter_map(Value::as_i64).collect())
+            })
+            .unwrap_or_default()
+    };
+    let shape = ints(item, "dims");
+    // Present even when empty: `reshape: { shape: [ ] }` makes a scalar of each batch item.
+    let reshape = item
+        .has_field_by_name("reshape")
+        .then(|| item.get_field_by_name("reshape"))
+        .flatten()
+        .and_then(|v| v.as_message().map(|m| ints(m, "shape")));
     Ok(IoConfig {
         tensor: TensorMetadata {
             name,
             datatype: datatype.into(),
             shape,
         },
+        reshape,
         label_filename: string(item, "label_filename"),
     })
 }
@@ -464,6 +477,21 @@ parameters { key: "a" value: { string_value: "x" } }
                 .version_policy,
             VersionPolicy::Specific(vec![1, 3])
         );
+    }
+
+    /// `reshape` is honoured, an empty shape (a scalar per batch item) included, and told
+    /// apart from no reshape at all.
+    #[test]
+    fn reshape_is_read_when_present() {
+        let config = parse(
+            "input [ { name: \"A\" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } },\n\
+             { name: \"B\" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } },\n\
+             { name: \"C\" data_type: TYPE_FP32 dims: [ 4 ] } ]",
+        )
+        .unwrap();
+        let reshapes: Vec<_> = config.inputs.iter().map(|i| i.reshape.clone()).collect();
+        assert_eq!(reshapes, [Some(vec![]), Some(vec![2, 2]), None]);
+        assert_eq!(config.ignored, Vec::<String>::new());
     }
 
     #[test]

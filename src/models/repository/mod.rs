@@ -46,6 +46,10 @@ pub struct ModelSettings {
     /// `max_batch_size > 0`). Empty: the graph's own.
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
+    /// config.pbtxt's `reshape` of inputs and of outputs, by tensor name: the shape in the
+    /// model after any batch dimension, where the tensor's dims are what clients see.
+    pub input_reshapes: HashMap<String, Vec<i64>>,
+    pub output_reshapes: HashMap<String, Vec<i64>>,
     /// Classification labels by output name.
     pub labels: HashMap<String, Vec<String>>,
     pub instances: usize,
@@ -213,6 +217,8 @@ impl Repository {
                 max_batch_size: config.max_batch_size,
                 inputs: config.inputs.iter().map(|i| i.tensor.clone()).collect(),
                 outputs: config.outputs.iter().map(|o| o.tensor.clone()).collect(),
+                input_reshapes: reshapes(&config.inputs),
+                output_reshapes: reshapes(&config.outputs),
                 labels: labels.clone(),
                 instances: config.instances.unwrap_or(1),
             };
@@ -231,6 +237,13 @@ impl Repository {
         let model = VersionedModel::new(versions).map(|m| Arc::new(m) as Arc<dyn Model>);
         Ok(LoadedModel { model, entries })
     }
+}
+
+fn reshapes(tensors: &[config::IoConfig]) -> HashMap<String, Vec<i64>> {
+    tensors
+        .iter()
+        .filter_map(|t| Some((t.tensor.name.clone(), t.reshape.clone()?)))
+        .collect()
 }
 
 /// Versions of one model share one configuration (in Triton, one config.pbtxt), and a
