@@ -905,6 +905,26 @@ async fn a_repository_model_named_like_a_built_in_one_is_listed_unavailable() {
         "{index:?}"
     );
     assert_eq!(infer_simple(&client, &w.url, 1).await.status, 200);
+    // The built-in model cannot be unloaded, the directory of its name notwithstanding; a
+    // load of the name is refused as the clash it is; the built-in model serves throughout.
+    let control = |action: &str| format!("{}/v2/repository/models/simple/{action}", w.url);
+    let (status, body) = post_json(&client, &control("unload"), &json!({})).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            400,
+            &json!("unload of model 'simple' failed: model 'simple' is built into tensorgate, not loaded from the model repository: it cannot be unloaded")
+        )
+    );
+    let (status, body) = post_json(&client, &control("load"), &json!({})).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            400,
+            &json!("load of model 'simple' failed: 'simple' is the name of a built-in model; rename the repository's directory")
+        )
+    );
+    assert_eq!(infer_simple(&client, &w.url, 1).await.status, 200);
 }
 
 /// A model's failure on one request is marked as such by the worker, and a gateway in front

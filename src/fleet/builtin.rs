@@ -48,12 +48,16 @@ struct RepositoryState {
 
 pub struct BuiltinBackend {
     models: ArcSwap<BTreeMap<String, Slot>>,
+    /// The demo models compiled into the binary that this process serves: never unloaded,
+    /// whatever the repository holds under their names.
+    built_in: std::collections::BTreeSet<String>,
     repository: Option<RepositoryState>,
 }
 
 impl BuiltinBackend {
     pub fn new(models: BTreeMap<String, Arc<dyn Model>>) -> Self {
         BuiltinBackend {
+            built_in: models.keys().cloned().collect(),
             models: ArcSwap::from_pointee(
                 models.into_iter().map(|(n, m)| (n, Slot::new(m))).collect(),
             ),
@@ -361,15 +365,19 @@ impl Backend for BuiltinBackend {
             };
             self.scan(state).await;
             let _one_at_a_time = state.control.lock().await;
-            if self.is_built_in(state, model) {
-                // Always loaded: a load has nothing to do, and an unload could not be undone
-                // (a load reads the repository, which does not hold it).
-                return match action {
-                    RepositoryAction::Load => Ok(()),
-                    RepositoryAction::Unload => Err(BackendError::Rejected(format!(
-                        "model '{model}' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
-                    ))),
-                };
+            if self.built_in.contains(model) {
+                // Always loaded: an unload could not be undone (a load reads the repository,
+                // which does not hold it), also when a directory of the repository has its
+                // name, which a load refuses by name.
+                match action {
+                    RepositoryAction::Load if !state.repo.has(model) => return Ok(()),
+                    RepositoryAction::Load => {}
+                    RepositoryAction::Unload => {
+                        return Err(BackendError::Rejected(format!(
+                            "model '{model}' is built into tensorgate, not loaded from the model repository: it cannot be unloaded"
+                        )))
+                    }
+                }
             }
             match action {
                 RepositoryAction::Load => self.load_one(state, model).await,
@@ -381,14 +389,6 @@ impl Backend for BuiltinBackend {
 }
 
 impl BuiltinBackend {
-    /// A demo model compiled into the binary: serving, and neither in the repository nor
-    /// ever loaded from it (names cannot collide: that is refused at startup).
-    fn is_built_in(&self, state: &RepositoryState, name: &str) -> bool {
-        self.models.load().contains_key(name)
-            && !state.repo.has(name)
-            && !state.index.lock().expect("index lock").contains_key(name)
-    }
-
     /// Repository models that are not serving, with why.
     fn unavailable(&self) -> Vec<IndexEntry> {
         let Some(state) = &self.repository else {
