@@ -160,6 +160,19 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
     if let Some((env, why)) = refused {
         tracing::warn!(rust_log = %env, level = %level, "RUST_LOG is not a log filter: {why}; logging at {level} instead (server.log_level for serve)");
     }
+    // A panic (our bug, or tract's on some inputs, caught and answered 500) is a log line
+    // like any other, not text on stderr between the batched lines (and a JSON log's
+    // parser). Its backtrace comes with it when RUST_BACKTRACE asks for one.
+    std::panic::set_hook(Box::new(|info| {
+        let message = tensorgate::error::panic_message(info.payload());
+        let location = info.location().map(ToString::to_string).unwrap_or_default();
+        let backtrace = std::backtrace::Backtrace::capture();
+        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+            tracing::error!(panic = message, %location, %backtrace, "panicked");
+        } else {
+            tracing::error!(panic = message, %location, "panicked");
+        }
+    }));
     guard
 }
 

@@ -884,6 +884,17 @@ async fn a_runtime_failure_is_that_requests_500() {
     }
     let r = infer_simple(&client, &w.url, 1).await;
     assert_eq!(r.status, 200);
+    // The panic is a log line of its own, not the default hook's text on stderr.
+    let logged = eventually(50, Duration::from_millis(100), || async {
+        std::fs::read_to_string(&w.log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains(" ERROR ") && l.contains("panicked panic=\"index out of bounds"))
+    })
+    .await;
+    let log = std::fs::read_to_string(&w.log).unwrap();
+    assert!(logged, "{log}");
+    assert!(!log.contains("thread '"), "{log}");
 }
 
 /// A repository model named like one of the worker's built-in models is in the worker's

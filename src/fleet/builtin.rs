@@ -244,7 +244,13 @@ impl Backend for BuiltinBackend {
                 .collect();
             Ok(ModelList {
                 models,
-                tried: "the built-in backend was configured with no models".into(),
+                tried: if self.repository.is_some() {
+                    "no built-in model is on, and no repository model is serving (the \
+                     repository index says why each is not)"
+                } else {
+                    "the built-in backend was configured with no models"
+                }
+                .into(),
                 tolerated: vec![],
                 unavailable: self.unavailable(),
                 answers_index: self.repository.is_some(),

@@ -507,6 +507,9 @@ async fn refresh_backend(
             // Failed checks below the threshold leave it reachable, but were logged too.
             if previous.server.is_some() && (!previous.reachable || failed_before > 0) {
                 tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reachable again");
+            } else if !previous.reachable && h.key == "builtin" {
+                // A worker's own models: no backend was reached.
+                tracing::info!(backend = %h.name, models = models.len(), "models serving");
             } else if !previous.reachable {
                 tracing::info!(backend = %h.name, url = %h.key, models = models.len(), "backend reached");
             }
