@@ -1528,7 +1528,7 @@ async fn a_stream_marks_final_answers_when_asked() {
     assert_eq!((got[1].error_message.as_str(), flag(&got[1])), ("", None));
     assert_eq!(
         got[2].error_message,
-        "parameter 'triton_enable_empty_final_response' must be a bool, not an unsigned integer"
+        "parameter 'triton_enable_empty_final_response' must be a bool, not an integer"
     );
     assert_eq!((got[3].error_message.as_str(), flag(&got[3])), ("", None));
     let unary = c

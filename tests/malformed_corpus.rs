@@ -589,7 +589,7 @@ fn corpus() -> Vec<Case> {
             br#"{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,1],"data":[NaN]}]}"#
                 .to_vec(),
             400,
-            "input 'INPUT0': data element 0 is a string; INT32 needs a number",
+            "input 'INPUT0': data element 0 is NaN, a float; INT32 needs a number",
         ),
         "/v2/models/identity_int32/infer",
     ));

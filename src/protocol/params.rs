@@ -43,7 +43,8 @@ impl ParamValue {
         match self {
             ParamValue::Bool(_) => "a bool",
             ParamValue::Int(_) => "a negative integer",
-            ParamValue::Uint(_) => "an unsigned integer",
+            // Also what gRPC's int64_param and uint64_param hold when not negative.
+            ParamValue::Uint(_) => "an integer",
             ParamValue::Float(v) => float_kind(*v),
             ParamValue::String(_) => "a string",
             ParamValue::Json(v) if v.is_null() => "null",
@@ -53,17 +54,17 @@ impl ParamValue {
     }
 }
 
-/// Says what kind of non-integer number a JSON number was. serde_json reads an integer
-/// literal as an integer whenever it fits in 64 bits, so a float is either written with a
-/// fraction or an exponent (`3.0`, `3e0`: integral in value, but not an integer literal), or an
-/// integer literal too large for 64 bits.
+/// Says what kind of non-integer number a value was. serde_json reads an integer literal as
+/// an integer whenever it fits in 64 bits, so a float is either written with a fraction or
+/// an exponent (`3.0`, `3e0`: integral in value, but not an integer literal) or gRPC's
+/// double_param, or an integer literal too large for 64 bits.
 fn float_kind(v: f64) -> &'static str {
     // i64::MIN itself is a valid integer, but no integer literal reads as this float unless
     // it was below i64::MIN and rounded up to it.
     if v >= u64::MAX as f64 || v <= i64::MIN as f64 {
         "a number beyond the 64-bit integer range"
     } else {
-        "a number with a fraction or exponent"
+        "a floating-point number"
     }
 }
 
@@ -469,7 +470,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"sequence_id": 1.5}"#),
-            "parameter 'sequence_id' must be an unsigned integer or a string, not a number with a fraction or exponent"
+            "parameter 'sequence_id' must be an unsigned integer or a string, not a floating-point number"
         );
         assert_eq!(
             err(r#"{"sequence_id": 18446744073709551616}"#),
@@ -490,7 +491,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"sequence_id": 3, "sequence_end": 1}"#),
-            "parameter 'sequence_end' must be a bool, not an unsigned integer"
+            "parameter 'sequence_end' must be a bool, not an integer"
         );
         assert_eq!(
             err(r#"{"binary_data_output": "yes"}"#),
@@ -503,7 +504,7 @@ mod tests {
         // The one Triton itself takes.
         assert_eq!(
             err(r#"{"triton_enable_empty_final_response": 1}"#),
-            "parameter 'triton_enable_empty_final_response' must be a bool, not an unsigned integer"
+            "parameter 'triton_enable_empty_final_response' must be a bool, not an integer"
         );
         let p: Parameters =
             serde_json::from_str(r#"{"triton_enable_empty_final_response": true}"#).unwrap();
@@ -547,7 +548,7 @@ mod tests {
             let kind = if text == "1e300" {
                 "a number beyond the 64-bit integer range"
             } else {
-                "a number with a fraction or exponent"
+                "a floating-point number"
             };
             assert_eq!(
                 e.to_string(),

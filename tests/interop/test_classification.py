@@ -99,7 +99,7 @@ def test_errors(gateway):
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
             "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 1.5}}]}
     r = requests.post(f"{base}/identity_fp32/infer", json=body, timeout=5)
-    assert (r.status_code, r.json()) == (400, {"error": "output 'OUTPUT0': parameter 'classification' must be an unsigned integer, not a number with a fraction or exponent"})
+    assert (r.status_code, r.json()) == (400, {"error": "output 'OUTPUT0': parameter 'classification' must be an unsigned integer, not a floating-point number"})
     body["outputs"][0]["parameters"]["classification"] = 0
     r = requests.post(f"{base}/identity_fp32/infer", json=body, timeout=5)
     assert r.status_code == 200 and r.json()["outputs"][0]["datatype"] == "FP32", "0 means no classification"

@@ -1154,13 +1154,13 @@ mod tests {
 
     #[test]
     fn bare_literals_elsewhere_stay_errors() {
-        // In integer data they read as the strings they were rewritten to.
+        // In integer data they are named as the floats they are.
         assert_eq!(
             err_response(
                 &output(r#""datatype":"INT32","shape":[1],"data":[NaN]"#),
                 &[]
             ),
-            "output 'Y': data element 0 is a string; INT32 needs a number"
+            "output 'Y': data element 0 is NaN, a float; INT32 needs a number"
         );
         // Outside `data` nothing is rewritten, and serde's error stands.
         let e = err_response(
@@ -1190,7 +1190,7 @@ mod tests {
         // In integer data they stay errors, named by tensor and element.
         assert_eq!(
             err(&input(r#""datatype":"INT64","shape":[1],"data":[NaN]"#)),
-            "input 'X': data element 0 is a string; INT64 needs a number"
+            "input 'X': data element 0 is NaN, a float; INT64 needs a number"
         );
         // Outside data, where Triton reads no tensor, they are not JSON.
         let e = err(&input(

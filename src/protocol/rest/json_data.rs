@@ -35,6 +35,10 @@ impl Leaf<'_> {
     fn describe(&self) -> String {
         match self {
             Leaf::Number(t) => format!("the number {}", String::from_utf8_lossy(t)),
+            // A bare NaN reaches here quoted when the request took serde's path.
+            Leaf::String(t @ (b"NaN" | b"Infinity" | b"-Infinity"), false) => {
+                format!("{}, a float", String::from_utf8_lossy(t))
+            }
             Leaf::String(..) => "a string".to_string(),
             Leaf::NonFinite(_, text) => format!("the bare literal {text}"),
             Leaf::True => "true".to_string(),
@@ -131,6 +135,13 @@ where
                 leaf(Leaf::String(&s[start..i], escaped), count)?;
                 count += 1;
                 pos = i + 1;
+            }
+            // Valid JSON, but no tensor element: named as such, not as a syntax error.
+            b'{' => {
+                return Err(element_error(
+                    count,
+                    "is a JSON object; 'data' holds numbers, strings or booleans, in arrays".into(),
+                ))
             }
             b'N' | b'I' | b'-' if non_finite_literal(&s[pos..]).is_some() => {
                 let (value, text) = non_finite_literal(&s[pos..]).expect("just matched");
@@ -837,6 +848,11 @@ mod tests {
             err("[1, NaN]", DataType::Int32),
             "data element 1 is the bare literal NaN; INT32 needs a number"
         );
+        // Quoted: as a bare NaN arrives when the request took serde's path.
+        assert_eq!(
+            err(r#"[1, "NaN"]"#, DataType::Int32),
+            "data element 1 is NaN, a float; INT32 needs a number"
+        );
         assert_eq!(
             err("[-Infinity]", DataType::Bytes),
             "data element 0 is the bare literal -Infinity; BYTES needs a string"
@@ -917,6 +933,10 @@ mod tests {
     fn structure_errors() {
         assert_eq!(err("5", DataType::Int32), "'data' must be a JSON array");
         assert_eq!(err("{}", DataType::Int32), "'data' must be a JSON array");
+        assert_eq!(
+            err("[1, [{}]]", DataType::Int32),
+            "data element 1 is a JSON object; 'data' holds numbers, strings or booleans, in arrays"
+        );
         assert_eq!(
             err("[1,]", DataType::Int32),
             "'data' is not valid JSON at byte 3"
