@@ -77,9 +77,10 @@ enum Command {
         #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9000")]
         listen: SocketAddr,
         /// Comma-separated models to serve (default: every built-in model, and every model of
-        /// --model-repository). With a repository the list may name its models too: then only
-        /// the models it names are served, so a list of repository models alone turns the
-        /// built-in demo models off.
+        /// --model-repository). With a repository the list may name its models too: a list
+        /// that names any of them loads and serves only the models it names (a load of
+        /// another is refused), so a list of repository models alone turns the built-in demo
+        /// models off.
         #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
         models: Vec<String>,
         /// How long the `accumulate` model keeps a sequence's running sum without a request

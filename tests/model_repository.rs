@@ -7,6 +7,7 @@
 use crate::common_fleet;
 use crate::common_grpc;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -811,6 +812,28 @@ async fn models_may_name_repository_models_and_turn_the_built_in_ones_off() {
     assert_eq!(
         (status, reply),
         (404, json!({"error": "unknown model 'cnn'"}))
+    );
+    // The models it does not name are not loaded at all (nor listed), and a load of one is
+    // refused rather than answered "ok" for a model that then is not served.
+    let names: BTreeSet<String> = index(&client, &base(&gw))
+        .await
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["intbool".into(), "mlp".into()]));
+    let (status, reply) = post_json(
+        &client,
+        &format!("{}/v2/repository/models/cnn/load", base(&gw)),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .ends_with("model 'cnn' is not among the models this server serves (--models, or [[backends]] models)"),
+        "{reply}"
     );
     gw.shutdown().await;
 

@@ -38,6 +38,9 @@ impl Slot {
 /// The repository behind the in-process models, and what became of each of its models.
 struct RepositoryState {
     repo: Arc<Repository>,
+    /// The repository models this server serves, when a models list names them
+    /// (`--models`, `[[backends]] models`); `None`: all. The others are never loaded.
+    only: Option<std::collections::BTreeSet<String>>,
     /// Loaded once, on the first discovery round (the worker is not ready until then).
     scanned: OnceCell<()>,
     /// Index entries by model name.
@@ -67,10 +70,16 @@ impl BuiltinBackend {
 
     /// The built-in `models` and those of `repo`, which are loaded on the first discovery
     /// round.
-    pub fn with_repository(models: BTreeMap<String, Arc<dyn Model>>, repo: Repository) -> Self {
+    /// `only`: the repository models to serve, when a models list names them; `None`: all.
+    pub fn with_repository(
+        models: BTreeMap<String, Arc<dyn Model>>,
+        repo: Repository,
+        only: Option<std::collections::BTreeSet<String>>,
+    ) -> Self {
         BuiltinBackend {
             repository: Some(RepositoryState {
                 repo: Arc::new(repo),
+                only,
                 scanned: OnceCell::new(),
                 index: Mutex::new(BTreeMap::new()),
                 control: tokio::sync::Mutex::new(()),
@@ -90,7 +99,8 @@ impl BuiltinBackend {
                         return;
                     }
                 };
-                for name in names {
+                let served = |n: &String| state.only.as_ref().is_none_or(|o| o.contains(n));
+                for name in names.into_iter().filter(served) {
                     if let Err(e) = self.load_one(state, &name).await {
                         tracing::error!(model = %name, error = %e, "model not loaded");
                     }
@@ -371,6 +381,12 @@ impl Backend for BuiltinBackend {
             };
             self.scan(state).await;
             let _one_at_a_time = state.control.lock().await;
+            let listed = state.only.as_ref().is_none_or(|o| o.contains(model));
+            if !listed && !self.built_in.contains(model) {
+                return Err(BackendError::Rejected(format!(
+                    "model '{model}' is not among the models this server serves (--models, or [[backends]] models)"
+                )));
+            }
             if self.built_in.contains(model) {
                 // Always loaded: an unload could not be undone (a load reads the repository,
                 // which does not hold it), also when a directory of the repository has its

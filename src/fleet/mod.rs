@@ -390,10 +390,22 @@ impl Fleet {
                 None => Default::default(),
             };
             match &b.model_repository {
-                Some(dir) => Arc::new(builtin::BuiltinBackend::with_repository(
-                    models,
-                    Repository::open(dir, builtin_names())?,
-                )),
+                Some(dir) => {
+                    // A list that names any repository model serves only what it names.
+                    let builtin = builtin_names();
+                    let named: std::collections::BTreeSet<String> = b
+                        .models
+                        .iter()
+                        .filter(|m| !builtin.contains(m))
+                        .cloned()
+                        .collect();
+                    let only = (!named.is_empty()).then_some(named);
+                    Arc::new(builtin::BuiltinBackend::with_repository(
+                        models,
+                        Repository::open(dir, builtin)?,
+                        only,
+                    ))
+                }
                 None => Arc::new(builtin::BuiltinBackend::new(models)),
             }
         } else {
