@@ -119,7 +119,12 @@ pub async fn infer(
         .map(crate::routing::describe_sequence);
     let validating = super::observe::Phase::start();
     validate_request(req, &entry.metadata)?;
-    obs.batch = Some(batch_size(req, &entry.metadata));
+    // An in-process model says whether it batches (its max_batch_size); v2 metadata cannot.
+    let batches = entry
+        .ready
+        .iter()
+        .find_map(|h| h.backend.batches(ctx.model));
+    obs.batch = Some(batch_size(req, &entry.metadata, batches));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
     obs.traceparent = trace.to_str().ok().map(std::sync::Arc::from);
@@ -214,8 +219,12 @@ fn deadline(
 }
 
 /// Inferences in a request: the first input's first dimension when the model's shape starts
-/// with a batch dimension (-1, rank two or more), else one.
-fn batch_size(req: &InferRequest, model: &ModelMetadata) -> u64 {
+/// with a batch dimension (-1, rank two or more), else one. A model known not to batch
+/// (`max_batch_size: 0`) counts one, as Triton counts it, whatever its leading dimension.
+fn batch_size(req: &InferRequest, model: &ModelMetadata, batches: Option<bool>) -> u64 {
+    if batches == Some(false) {
+        return 1;
+    }
     req.inputs
         .first()
         .and_then(|t| {
@@ -223,4 +232,34 @@ fn batch_size(req: &InferRequest, model: &ModelMetadata) -> u64 {
             (meta.shape.len() >= 2 && meta.shape[0] == -1).then(|| t.shape.first().copied())?
         })
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leading -1 reads as a batch dimension unless an in-process model says it does not
+    /// batch: Triton counts one inference per request of a max_batch_size 0 model.
+    #[test]
+    fn a_model_that_does_not_batch_counts_one_inference() {
+        let meta: ModelMetadata = serde_json::from_value(serde_json::json!({
+            "name": "m",
+            "inputs": [{"name": "A", "datatype": "INT32", "shape": [-1, 4]}],
+        }))
+        .unwrap();
+        let body = Bytes::from_static(
+            br#"{"inputs":[{"name":"A","datatype":"INT32","shape":[5,4],"data":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]}]}"#,
+        );
+        let decoded = crate::protocol::rest::decode::decode_request(
+            &body,
+            None,
+            &crate::protocol::limits::Limits::default(),
+        );
+        let Ok(crate::protocol::rest::decode::RequestBody::Message(req)) = decoded else {
+            panic!("a JSON request");
+        };
+        assert_eq!(batch_size(&req, &meta, None), 5);
+        assert_eq!(batch_size(&req, &meta, Some(true)), 5);
+        assert_eq!(batch_size(&req, &meta, Some(false)), 1);
+    }
 }
