@@ -177,6 +177,20 @@ impl BatchedStderr {
     pub fn write_line(&self, text: &[u8]) {
         self.shared.push(text);
     }
+
+    /// Writes what is batched to stderr now, from the calling thread: for a panic's line,
+    /// which must not wait for the writer thread (an abort may follow it). Skipped if the
+    /// batch is locked (the writer thread itself panicking with it held).
+    pub fn flush_now(&self) {
+        let Ok(mut state) = self.shared.state.try_lock() else {
+            return;
+        };
+        let chunk = std::mem::take(&mut state.buf);
+        drop(state);
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(&chunk);
+        let _ = err.flush();
+    }
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchedStderr {

@@ -150,7 +150,7 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
     match format {
         LogFormat::Plain => {
             if !ansi {
-                tensorgate::logformat::direct_access_lines(writer);
+                tensorgate::logformat::direct_access_lines(writer.clone());
             }
             builder
                 .event_format(tensorgate::logformat::PlainFormat::default())
@@ -163,8 +163,10 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
     }
     // A panic (our bug, or tract's on some inputs, caught and answered 500) is a log line
     // like any other, not text on stderr between the batched lines (and a JSON log's
-    // parser). Its backtrace comes with it when RUST_BACKTRACE asks for one.
-    std::panic::set_hook(Box::new(|info| {
+    // parser), written at once (an abort may follow). Its backtrace comes with it when
+    // RUST_BACKTRACE (or RUST_LIB_BACKTRACE) asks for one.
+    let flush = writer.clone();
+    std::panic::set_hook(Box::new(move |info| {
         let message = tensorgate::error::panic_message(info.payload());
         let location = info.location().map(ToString::to_string).unwrap_or_default();
         let backtrace = std::backtrace::Backtrace::capture();
@@ -173,6 +175,7 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
         } else {
             tracing::error!(panic = message, %location, "panicked");
         }
+        flush.flush_now();
     }));
     guard
 }

@@ -221,7 +221,10 @@ pub async fn start_with_resolver(
     if let Some(l) = metrics_listener {
         tasks.push(tokio::spawn(server::serve(
             l,
-            server::with_peer_extension(server::metrics_service(gateway.clone())),
+            {
+                let metrics = server::metrics_service(gateway.clone());
+                move |_| metrics.clone()
+            },
             wait(stopped),
             ServeOptions::plain(Duration::from_secs(1)),
         )));

@@ -336,6 +336,17 @@ async fn content_encodings() {
             415,
             "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity",
         );
+        // One unsupported coding beside identity is still one coding.
+        let req = env
+            .client
+            .post(env.url("/v2/models/simple/infer"))
+            .header("Content-Encoding", "br, identity")
+            .header("Content-Type", "application/json")
+            .body(json.clone());
+        env.send(req).await.assert_error(
+            415,
+            "unsupported Content-Encoding 'br, identity'; supported: gzip, deflate, identity",
+        );
         // Stacked codings (RFC 9110 8.4 allows them): refused, saying that is why.
         let req = env
             .client

@@ -289,6 +289,19 @@ async fn an_http11_request_without_host_is_refused() {
         );
         let reply = answer(b"GET /v2/health/live HTTP/1.0\r\n\r\n");
         assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+        // An inference with a body it is not read: the answer closes the connection.
+        let reply =
+            answer(b"POST /v2/models/simple/infer HTTP/1.1\r\ncontent-length: 5\r\n\r\n{\"a\":");
+        let (head, body) = reply.split_once("\r\n\r\n").expect("a complete answer");
+        assert!(head.starts_with("HTTP/1.1 400"), "{reply}");
+        assert!(
+            head.to_ascii_lowercase().contains("connection: close"),
+            "{head}"
+        );
+        assert_eq!(
+            body,
+            r#"{"error":"an HTTP/1.1 request must have a Host header (RFC 9112 3.2)"}"#
+        );
     })
     .await
     .unwrap();

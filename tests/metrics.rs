@@ -811,6 +811,20 @@ async fn the_metrics_listener_takes_only_get() {
         json!({"error": "method POST is not allowed on /metrics; use GET"})
     );
     assert_eq!(client.head(&url).send().await.unwrap().status(), 200);
+    // HEAD over h2 (prior knowledge): no DATA, or the client resets the stream.
+    use http_body_util::BodyExt;
+    let h2c: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let head = http::Request::head(&url)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let r = h2c.request(head).await.expect("an h2 answer to HEAD");
+    assert_eq!((r.version(), r.status().as_u16()), (http::Version::HTTP_2, 200));
+    assert!(r.headers().contains_key("content-length"));
+    let body = r.into_body().collect().await.expect("the body").to_bytes();
+    assert!(body.is_empty(), "{} bytes", body.len());
     gw.shutdown().await;
 }
 

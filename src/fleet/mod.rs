@@ -210,15 +210,22 @@ impl BackendHandle {
 /// and serves every repository model unless the list names some of them too: then the list
 /// filters both, so that a list of repository models alone serves those and nothing else.
 fn only_models(url: &str, b: &BackendConfig) -> Vec<String> {
-    let builtin = crate::models::builtin_names();
-    if url == "builtin"
-        && b.model_repository.is_some()
-        && b.models.iter().all(|n| builtin.contains(n))
-    {
+    if url == "builtin" && b.model_repository.is_some() && repository_models_named(b).is_empty() {
         Vec::new()
     } else {
         b.models.clone()
     }
+}
+
+/// The names of a built-in backend's `models` list that are not built-in models: with a
+/// repository, the repository models it names.
+fn repository_models_named(b: &BackendConfig) -> std::collections::BTreeSet<String> {
+    let builtin = crate::models::builtin_names();
+    b.models
+        .iter()
+        .filter(|m| !builtin.contains(m))
+        .cloned()
+        .collect()
 }
 
 /// A `[[backends]]` entry with DNS discovery that has no address: its name resolves to
@@ -392,17 +399,11 @@ impl Fleet {
             match &b.model_repository {
                 Some(dir) => {
                     // A list that names any repository model serves only what it names.
-                    let builtin = builtin_names();
-                    let named: std::collections::BTreeSet<String> = b
-                        .models
-                        .iter()
-                        .filter(|m| !builtin.contains(m))
-                        .cloned()
-                        .collect();
+                    let named = repository_models_named(b);
                     let only = (!named.is_empty()).then_some(named);
                     Arc::new(builtin::BuiltinBackend::with_repository(
                         models,
-                        Repository::open(dir, builtin)?,
+                        Repository::open(dir, builtin_names())?,
                         only,
                     ))
                 }

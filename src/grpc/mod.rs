@@ -74,7 +74,7 @@ pub(crate) fn required(field: &str, name: &str) -> Result<(), GatewayError> {
 /// 500; without this the stream would be reset with no status and no log line.
 fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body> {
     tracing::error!(
-        panic = crate::error::panic_message(&panic),
+        panic = crate::error::panic_message(&*panic),
         "an RPC handler panicked; answered INTERNAL"
     );
     Status::internal(crate::error::PANICKED).into_http()

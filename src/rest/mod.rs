@@ -161,6 +161,10 @@ where
         )
     });
     // One body type inside the stack, whatever the listener's.
+    // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without a Host (h2 has
+    // :authority, HTTP/1.0 predates Host), before auth or shedding could answer otherwise.
+    let missing_host =
+        req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST);
     let req = req.map(|b| b.map_err(Into::into).boxed_unsync());
     let handler = Dispatch {
         gw: gw.clone(),
@@ -180,10 +184,20 @@ where
         .service(handler);
     // Boxed here, where every type is concrete: rustc cannot prove an unboxed stack future
     // `Send` inside the listener's future (a higher-ranked lifetime limitation).
-    let answer: DispatchFuture = Box::pin(stack.oneshot(req));
-    let mut response = match catch_panic(answer).await {
-        Ok(r) => r,
-        Err(never) => match never {},
+    let mut response = if missing_host {
+        let mut r = observed_error(&GatewayError::BadRequest(
+            "an HTTP/1.1 request must have a Host header (RFC 9112 3.2)".into(),
+        ));
+        // Its body, if it has one, is not read: the connection carries no other request.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
+    } else {
+        let answer: DispatchFuture = Box::pin(stack.oneshot(req));
+        match catch_panic(answer).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
     };
     // None: a layer answered before the handler ran.
     let mut obs = response
@@ -332,13 +346,6 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without a Host (h2 has
-    // :authority, HTTP/1.0 predates Host).
-    if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
-        return Err(GatewayError::BadRequest(
-            "an HTTP/1.1 request must have a Host header (RFC 9112 3.2)".into(),
-        ));
-    }
     let route = routes::route(req.method(), req.uri().path()).map_err(|e| match e {
         RouteError::NotFound => {
             GatewayError::NotFound(format!("no such endpoint: {}", req.uri().path()))
@@ -600,8 +607,13 @@ fn content_coding<B>(req: &Request<B>) -> Result<Option<Coding>, GatewayError> {
                 .map(|v| String::from_utf8_lossy(v.as_bytes()))
                 .collect();
             let sent = sent.join(", ");
-            // `CanonicalCoding` has left a list only when it names two real codings.
-            Err(GatewayError::UnsupportedEncoding(if sent.contains(',') {
+            // Stacked: two codings that are not identity (`br, identity` is one coding).
+            let real = sent
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+                .count();
+            Err(GatewayError::UnsupportedEncoding(if real > 1 {
                 format!(
                     "unsupported Content-Encoding '{sent}': a body in more than one coding is \
                      not supported; send it in one of gzip, deflate or identity"

@@ -301,14 +301,21 @@ mod tests {
             route(&Method::GET, &trace),
             Err(RouteError::BackendSetting("trace settings"))
         );
-        // Exactly as many segments as the stack holds, and one more.
-        let seven = "/v2/models/m/versions/1/trace/setting";
+        // Exactly as many segments as the stack holds (8), and one more (9).
         assert_eq!(
-            route(&Method::GET, &format!("{seven}/")),
+            route(&Method::GET, "/v2/models/a/b/c/d/trace/setting"),
+            Err(RouteError::BackendSetting("trace settings"))
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/a/b/c/d/e/trace/setting/"),
             Err(RouteError::BackendSetting("trace settings"))
         );
         assert_eq!(
             route(&Method::GET, "/v2/models/m/versions/1/trace/setting/x"),
+            Err(RouteError::NotFound)
+        );
+        assert_eq!(
+            route(&Method::GET, "/v2/models/m/versions/1/trace/setting/x/y"),
             Err(RouteError::NotFound)
         );
         assert_eq!(

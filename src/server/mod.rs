@@ -72,22 +72,8 @@ where
         let head = req.method() == http::Method::HEAD;
         Box::pin(async move {
             let mut response = crate::rest::handle(gw.clone(), peer, req).await;
-            // hyper leaves a HEAD answer's body out over HTTP/1, but sends it over h2, where
-            // the client then resets the stream (RFC 9110 9.3.2: HEAD's answer has no
-            // content). The length stays, as a GET would have it.
             if head && !http1 {
-                let length = http_body::Body::size_hint(response.body()).exact();
-                if let Some(n) = length {
-                    if !response
-                        .headers()
-                        .contains_key(http::header::CONTENT_LENGTH)
-                    {
-                        response
-                            .headers_mut()
-                            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
-                    }
-                }
-                *response.body_mut() = crate::body::empty();
+                head_over_h2(&mut response);
             }
             // While draining (before the listener closes, during limits.shutdown_delay_ms),
             // tell HTTP/1 clients to stop reusing the connection. Each then closes after its
@@ -103,9 +89,27 @@ where
     }
 }
 
+/// hyper leaves a HEAD answer's body out over HTTP/1, but sends it over h2, where the client
+/// then resets the stream (RFC 9110 9.3.2: HEAD's answer has no content). The length stays,
+/// as a GET would have it.
+fn head_over_h2(response: &mut Response<Body>) {
+    let length = http_body::Body::size_hint(response.body()).exact();
+    if let Some(n) = length {
+        if !response
+            .headers()
+            .contains_key(http::header::CONTENT_LENGTH)
+        {
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
+    *response.body_mut() = crate::body::empty();
+}
+
 fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> {
     tracing::error!(
-        panic = crate::error::panic_message(&panic),
+        panic = crate::error::panic_message(&*panic),
         "a request handler panicked; answered 500"
     );
     error_response(&GatewayError::Internal(crate::error::PANICKED.into()))
@@ -492,7 +496,9 @@ pub fn metrics_service(
         let gw = gw.clone();
         async move {
             let get = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
-            let resp = if req.uri().path() == "/metrics" && !get {
+            let head_h2 =
+                req.method() == http::Method::HEAD && req.version() >= http::Version::HTTP_2;
+            let mut resp = if req.uri().path() == "/metrics" && !get {
                 let mut r = error_response(&GatewayError::MethodNotAllowed(format!(
                     "method {} is not allowed on /metrics; use GET",
                     req.method()
@@ -517,6 +523,9 @@ pub fn metrics_service(
                 )))
             };
 
+            if head_h2 {
+                head_over_h2(&mut resp);
+            }
             Ok::<_, Infallible>(resp)
         }
     })

@@ -1253,6 +1253,10 @@ mod tests {
                 "{len} names"
             );
         }
+        // Exactly as many names as are compared pairwise, the last a duplicate.
+        let mut eight = names[..FEW_NAMES - 1].to_vec();
+        eight.push("T3");
+        assert_eq!(check(&eight), Err("duplicate input name 'T3'".to_string()));
         names.truncate(3);
         names.push("T2");
         assert_eq!(check(&names), Err("duplicate input name 'T2'".to_string()));
