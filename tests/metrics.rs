@@ -821,7 +821,10 @@ async fn the_metrics_listener_takes_only_get() {
         .body(http_body_util::Empty::new())
         .unwrap();
     let r = h2c.request(head).await.expect("an h2 answer to HEAD");
-    assert_eq!((r.version(), r.status().as_u16()), (http::Version::HTTP_2, 200));
+    assert_eq!(
+        (r.version(), r.status().as_u16()),
+        (http::Version::HTTP_2, 200)
+    );
     assert!(r.headers().contains_key("content-length"));
     let body = r.into_body().collect().await.expect("the body").to_bytes();
     assert!(body.is_empty(), "{} bytes", body.len());
