@@ -291,36 +291,27 @@ mod tests {
     /// Paths of more segments than `route` holds on the stack are matched all the same.
     #[test]
     fn long_paths_are_matched_whole() {
+        use RouteError::{BackendSetting, NotFound, SharedMemory};
         let deep = format!("/v2/systemsharedmemory{}", "/r".repeat(INLINE_SEGMENTS * 2));
-        assert_eq!(
-            route(&Method::GET, &deep),
-            Err(RouteError::SharedMemory("system shared memory"))
-        );
         let trace = format!("/v2/models{}/trace/setting", "/m".repeat(INLINE_SEGMENTS));
-        assert_eq!(
-            route(&Method::GET, &trace),
-            Err(RouteError::BackendSetting("trace settings"))
-        );
-        // Exactly as many segments as the stack holds (8), and one more (9).
-        assert_eq!(
-            route(&Method::GET, "/v2/models/a/b/c/d/trace/setting"),
-            Err(RouteError::BackendSetting("trace settings"))
-        );
-        assert_eq!(
-            route(&Method::GET, "/v2/models/a/b/c/d/e/trace/setting/"),
-            Err(RouteError::BackendSetting("trace settings"))
-        );
-        assert_eq!(
-            route(&Method::GET, "/v2/models/m/versions/1/trace/setting/x"),
-            Err(RouteError::NotFound)
-        );
-        assert_eq!(
-            route(&Method::GET, "/v2/models/m/versions/1/trace/setting/x/y"),
-            Err(RouteError::NotFound)
-        );
-        assert_eq!(
-            route(&Method::GET, "/v2/models/m/versions/1/a/b/infer"),
-            Err(RouteError::NotFound)
-        );
+        let cases = [
+            (deep.as_str(), SharedMemory("system shared memory")),
+            (trace.as_str(), BackendSetting("trace settings")),
+            // Exactly as many segments as the stack holds (8), and one more (9).
+            (
+                "/v2/models/a/b/c/d/trace/setting",
+                BackendSetting("trace settings"),
+            ),
+            (
+                "/v2/models/a/b/c/d/e/trace/setting/",
+                BackendSetting("trace settings"),
+            ),
+            ("/v2/models/m/versions/1/trace/setting/x", NotFound),
+            ("/v2/models/m/versions/1/trace/setting/x/y", NotFound),
+            ("/v2/models/m/versions/1/a/b/infer", NotFound),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(route(&Method::GET, path), Err(expected), "{path}");
+        }
     }
 }
