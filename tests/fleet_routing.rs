@@ -117,6 +117,48 @@ async fn sequences_keep_one_backend_across_three_serve_processes() {
     drop(gateways);
 }
 
+/// A `sequence_id` sent to a model whose backends state it keeps no sequence state (the
+/// workers' `simple`; tritonclient sends one to any model it is given) pins nothing: the
+/// sequence's requests are balanced like any others. One sent to `accumulate`, a sequence
+/// model, is pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_model_that_keeps_sequence_state_pins_its_sequences() {
+    let workers = Worker::start_many(2, SEQ_MODELS).await;
+    let gw = start_gateway(gateway_config(
+        &workers.iter().collect::<Vec<_>>(),
+        "refresh_interval_ms = 200",
+    ))
+    .await;
+    let (b, client) = (base(&gw), http_client());
+    let catalog = gw.gateway.fleet.catalog();
+    let stateless = |m: &str| catalog.get(m).map(|e| e.stateless);
+    assert_eq!(
+        (stateless("simple"), stateless("accumulate")),
+        (Some(true), Some(false))
+    );
+    let mut seen = BTreeSet::new();
+    for x in 0..40 {
+        let mut parameters = json!({"sequence_id": 7});
+        if x == 0 {
+            parameters["sequence_start"] = json!(true);
+        }
+        let r = post_infer(&client, &b, "simple", &simple_body(x, Some(parameters))).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.output_int("OUTPUT0"), Some(x as i64 + 1), "{r:?}");
+        seen.insert(r.backend.expect("the backend header"));
+    }
+    assert_eq!(seen.len(), 2, "40 requests went to {seen:?} only");
+    assert_eq!(gw.gateway.router.pins.len(), 0);
+    let first = accumulate(&client, &b, 7, true, false, 5).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(gw.gateway.router.pins.len(), 1);
+    for _ in 0..10 {
+        let r = accumulate(&client, &b, 7, false, false, 1).await;
+        assert_eq!((r.status, &r.backend), (200, &first.backend), "{r:?}");
+    }
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_added_by_reload_takes_new_sequences_while_live_ones_stay() {
     let workers = Worker::start_many(4, SEQ_MODELS).await;

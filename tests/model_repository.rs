@@ -725,7 +725,7 @@ async fn serve_runs_repository_models_in_process() {
             "platform": "onnxruntime_onnx",
             "max_batch_size": 8,
             "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [16]}],
-            "output": [{"name": "PROBS", "data_type": "TYPE_FP32", "dims": [10], "label_filename": "PROBS.labels"}],
+            "output": [{"name": "PROBS", "data_type": "TYPE_FP32", "dims": [10], "label_filename": "labels.txt"}],
         })
     );
     let (_, config) = get_json(
@@ -1659,5 +1659,55 @@ async fn half_precision_classification_through_a_gateway_keeps_the_workers_label
     let labels = &direct["output"][0]["label_filename"];
     assert!(labels.as_str().is_some_and(|f| !f.is_empty()), "{direct}");
     assert_eq!(&through["output"][0]["label_filename"], labels, "{through}");
+    gw.shutdown().await;
+}
+
+/// A gateway learns at discovery what a worker's configuration states of each model, which
+/// v2 metadata cannot say: `intbool` (`max_batch_size: 0`, dims `[-1, 4]`) is classified by
+/// the gateway over its whole tensor, not per row, and a request of shape [2, 4] counts one
+/// inference, as the worker counts it; `mlp`'s labels are shown with their file's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_knows_what_a_workers_configuration_states() {
+    let repo = repository("onnx-stated");
+    let w = worker("w", &repo.0).await;
+    let text = gateway_toml(&[("w", &w.url)], "").replace(
+        &format!("url = {:?}\n", w.url),
+        &format!("url = {:?}\nclassification = \"gateway\"\n", w.url),
+    );
+    let gw = tensorgate::run::start(parse_config(&text), false)
+        .await
+        .unwrap();
+    let client = http_client();
+    let body = json!({
+        "inputs": [
+            {"name": "A", "datatype": "INT32", "shape": [2, 4], "data": [1, 2, 3, 4, 5, 6, 7, 8]},
+            {"name": "B", "datatype": "INT32", "shape": [2, 4], "data": [0, 0, 0, 0, 0, 0, 0, 0]}],
+        "outputs": [{"name": "SUM", "parameters": {"classification": 3}}]});
+    for at in [w.url.clone(), base(&gw)] {
+        let (status, reply) =
+            post_json(&client, &format!("{at}/v2/models/intbool/infer"), &body).await;
+        assert_eq!(status, 200, "{at}: {reply}");
+        assert_eq!(
+            (&reply["outputs"][0]["shape"], &reply["outputs"][0]["data"]),
+            (&json!([3]), &json!(["9:7", "8:6", "7:5"])),
+            "{at}: {reply}"
+        );
+        let (_, stats) = get_json(&client, &format!("{at}/v2/models/intbool/stats")).await;
+        let s = &stats["model_stats"][0];
+        assert_eq!(
+            (&s["inference_count"], &s["execution_count"]),
+            (&json!(1), &json!(1)),
+            "{at}: {stats}"
+        );
+    }
+    let (_, config) = get_json(&client, &format!("{}/v2/models/mlp/config", base(&gw))).await;
+    assert_eq!(
+        (
+            &config["max_batch_size"],
+            &config["output"][0]["label_filename"]
+        ),
+        (&json!(8), &json!("labels.txt")),
+        "{config}"
+    );
     gw.shutdown().await;
 }

@@ -19,6 +19,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct DiscoveredModel {
     pub metadata: ModelMetadata,
     pub ready: bool,
+    /// What the backend's own configuration says of the model, read with its metadata:
+    /// whether it batches and whether it keeps sequence state are not in v2 metadata, and
+    /// routing, classification and the statistics depend on them. `None`: not stated (a
+    /// server without a configuration endpoint, or one that did not answer).
+    pub stated: Option<StatedConfig>,
 }
 
 /// The models a backend exposes, and how they were found.
@@ -226,17 +231,6 @@ pub trait Backend: Send + Sync {
     /// business: an external model of the same name is a different model.
     fn labels(&self, _model: &str, _output: &str) -> Option<std::sync::Arc<Vec<String>>> {
         None
-    }
-    /// Whether an in-process model's tensors start with a batch dimension (its
-    /// `max_batch_size > 0`); `None` where v2 metadata is all there is to go by, which
-    /// cannot tell a batch dimension from a leading variable one.
-    fn batches(&self, _model: &str) -> Option<bool> {
-        None
-    }
-    /// What the backend's own configuration of `model` says (Triton's and tensorgate's);
-    /// `None` when it has none, or cannot be asked.
-    fn stated_config<'a>(&'a self, _model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
-        Box::pin(async { None })
     }
     /// Loads (reading it again from the repository) or unloads one model, for a server that
     /// lists the `model_repository` extension.

@@ -250,6 +250,11 @@ impl Backend for BuiltinBackend {
                 .map(|slot| DiscoveredModel {
                     metadata: slot.model.metadata().clone(),
                     ready: true,
+                    stated: Some(StatedConfig {
+                        max_batch_size: slot.model.max_batch_size(),
+                        sequence_batching: slot.model.sequence_batching(),
+                        labeled_outputs: slot.model.label_files(),
+                    }),
                 })
                 .collect();
             Ok(ModelList {
@@ -351,21 +356,6 @@ impl Backend for BuiltinBackend {
 
     fn labels(&self, model: &str, output: &str) -> Option<Arc<Vec<String>>> {
         self.models.load().get(model)?.model.labels(output)
-    }
-
-    fn batches(&self, model: &str) -> Option<bool> {
-        let n = self.models.load().get(model)?.model.max_batch_size()?;
-        Some(n > 0)
-    }
-
-    fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
-        // Labels of in-process models reach the configuration through `labels`.
-        let known = self.models.load().get(model).map(|slot| StatedConfig {
-            max_batch_size: slot.model.max_batch_size(),
-            sequence_batching: slot.model.sequence_batching(),
-            labeled_outputs: Vec::new(),
-        });
-        Box::pin(async move { known })
     }
 
     fn control<'a>(

@@ -24,6 +24,14 @@ pub struct CatalogEntry {
     /// update to a version with new inputs, or two models that share a name): a request goes
     /// only to backends whose tensors are those it was checked against.
     pub mixed_tensors: bool,
+    /// Whether the model's tensors start with a batch dimension, as the first ready backend
+    /// that states a `max_batch_size` says (v2 metadata shows a leading -1 either way).
+    /// `None`: no backend says.
+    pub batches: Option<bool>,
+    /// Every ready backend states the model's configuration, and none runs it as a sequence
+    /// model: a `sequence_id` sent to it is balanced like any request, not pinned. A backend
+    /// that states nothing (MLServer, KServe) may keep state, so its sequences are pinned.
+    pub stateless: bool,
 }
 
 pub use crate::routing::table::PastTable;
@@ -79,8 +87,15 @@ impl Catalog {
                     table: Arc::new(SequenceTable::new(&[], table_size)),
                     history: Vec::new(),
                     mixed_tensors: false,
+                    batches: None,
+                    stateless: true,
                 });
                 if m.ready {
+                    let stated = m.stated.as_ref();
+                    entry.batches = entry
+                        .batches
+                        .or_else(|| stated?.max_batch_size.map(|n| n > 0));
+                    entry.stateless &= stated.is_some_and(|s| !s.sequence_batching);
                     if entry.ready.is_empty() {
                         if !m.metadata.same_tensors(&entry.metadata) {
                             entry.metadata = Arc::new(m.metadata.clone());
@@ -91,6 +106,9 @@ impl Catalog {
                     entry.ready.push(h.clone());
                 }
             }
+        }
+        for e in models.values_mut() {
+            e.stateless &= !e.ready.is_empty();
         }
         // Models served by the same backends share one table.
         let mut built: HashMap<Vec<(String, u32)>, Arc<SequenceTable>> = HashMap::new();
@@ -236,6 +254,49 @@ mod tests {
         assert_eq!(e.ready.len(), 2, "both serve; routing picks by tensors");
         assert!(hs[1].has_other_tensors("m", &e.metadata));
         assert!(!hs[0].has_other_tensors("m", &e.metadata));
+    }
+
+    /// A model is stateless only when every ready backend states a configuration without
+    /// `sequence_batching`; whether it batches is the first stating backend's word.
+    #[test]
+    fn what_backends_state_decides_pinning_and_batching() {
+        use crate::fleet::backend::StatedConfig;
+        let hs = handles(&["http://a", "http://b"]);
+        let state = |h: &BackendHandle, stated: Option<StatedConfig>, ready: bool| {
+            let mut s = (**h.state.load()).clone();
+            let m = s.models.get_mut("m").unwrap();
+            (m.stated, m.ready) = (stated, ready);
+            h.state.store(Arc::new(s));
+        };
+        let says = |max_batch_size: Option<u32>, sequence_batching: bool| {
+            Some(StatedConfig {
+                max_batch_size,
+                sequence_batching,
+                labeled_outputs: vec![],
+            })
+        };
+        let window = HistoryWindow {
+            keep: Duration::from_secs(60),
+            now: Instant::now(),
+        };
+        let built = || {
+            let c = Catalog::build(&hs, &Catalog::default(), SIZE, window);
+            let e = c.get("m").unwrap();
+            (e.stateless, e.batches)
+        };
+        assert_eq!(built(), (false, None), "nothing stated");
+        state(&hs[0], says(None, false), true);
+        assert_eq!(built(), (false, None), "b states nothing");
+        state(&hs[1], says(Some(0), false), true);
+        assert_eq!(built(), (true, Some(false)));
+        state(&hs[0], says(Some(8), false), true);
+        assert_eq!(built(), (true, Some(true)), "a's word, first in order");
+        state(&hs[1], says(Some(0), true), true);
+        assert_eq!(built(), (false, Some(true)), "b keeps sequence state");
+        state(&hs[1], None, false);
+        assert_eq!(built(), (true, Some(true)), "only ready backends count");
+        state(&hs[0], says(Some(8), false), false);
+        assert_eq!(built(), (false, None), "none ready");
     }
 
     #[test]

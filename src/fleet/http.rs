@@ -228,6 +228,32 @@ impl HttpBackend {
             .map_err(|e| BackendError::Failed(format!("{path} on {} is not valid: {e}", self.base)))
     }
 
+    /// What the server's configuration of `model` says (`GET /v2/models/{m}/config`,
+    /// Triton's and tensorgate's); a server without that endpoint (MLServer, KServe), or one
+    /// that does not answer, states nothing.
+    async fn stated_config(&self, model: &str) -> Option<StatedConfig> {
+        let path = format!("/v2/models/{}/config", path_segment(model));
+        let config: serde_json::Value = self.get_json(&path).await.ok()?;
+        Some(StatedConfig {
+            max_batch_size: config["max_batch_size"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok()),
+            sequence_batching: config
+                .get("sequence_batching")
+                .is_some_and(|v| !v.is_null()),
+            labeled_outputs: config["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| {
+                    let name = o["name"].as_str()?;
+                    let file = o["label_filename"].as_str().filter(|f| !f.is_empty())?;
+                    Some((name.to_string(), file.to_string()))
+                })
+                .collect(),
+        })
+    }
+
     /// The names a server lists, each with whether any of its entries is ready: first from
     /// the repository extension (Triton, MLServer, tensorgate), then from `GET /v2/models`
     /// (KServe). `Err` carries what was tried, for when neither answers.
@@ -492,7 +518,16 @@ impl Backend for HttpBackend {
                     }
                 }
                 let ready = listed_ready && self.model_ready(&name).await;
-                out.models.push(DiscoveredModel { metadata, ready });
+                // Asked of a ready model only: one that is loading may not answer yet.
+                let stated = match ready {
+                    true => self.stated_config(&name).await,
+                    false => None,
+                };
+                out.models.push(DiscoveredModel {
+                    metadata,
+                    ready,
+                    stated,
+                });
             }
             if out.models.is_empty() {
                 out.tried = if refused.is_empty() {
@@ -517,33 +552,6 @@ impl Backend for HttpBackend {
                     message: format!("GET /v2/health/ready on {} answered {status}", self.base),
                 })
             }
-        })
-    }
-
-    /// From the server's model configuration (`GET /v2/models/{m}/config`, Triton's and
-    /// tensorgate's); a server without that endpoint (MLServer, KServe) has no answer.
-    fn stated_config<'a>(&'a self, model: &'a str) -> BoxFuture<'a, Option<StatedConfig>> {
-        Box::pin(async move {
-            let path = format!("/v2/models/{}/config", path_segment(model));
-            let config: serde_json::Value = self.get_json(&path).await.ok()?;
-            Some(StatedConfig {
-                max_batch_size: config["max_batch_size"]
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok()),
-                sequence_batching: config
-                    .get("sequence_batching")
-                    .is_some_and(|v| !v.is_null()),
-                labeled_outputs: config["output"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|o| {
-                        let name = o["name"].as_str()?;
-                        let file = o["label_filename"].as_str().filter(|f| !f.is_empty())?;
-                        Some((name.to_string(), file.to_string()))
-                    })
-                    .collect(),
-            })
         })
     }
 

@@ -168,6 +168,7 @@ impl BackendHandle {
                     DiscoveredModel {
                         metadata,
                         ready: true,
+                        stated: None,
                     },
                 )
             })
@@ -500,8 +501,8 @@ async fn refresh_backend(
                     models
                         .entry(name.clone())
                         .or_insert_with(|| DiscoveredModel {
-                            metadata: known.metadata.clone(),
                             ready: false,
+                            ..known.clone()
                         });
                 }
             }
@@ -577,8 +578,8 @@ async fn refresh_backend(
                         (
                             n.clone(),
                             DiscoveredModel {
-                                metadata: m.metadata.clone(),
                                 ready: false,
+                                ..m.clone()
                             },
                         )
                     })
@@ -675,6 +676,7 @@ mod tests {
                         outputs: vec![],
                     },
                     ready: true,
+                    stated: None,
                 }];
                 Ok(ModelList {
                     models,

@@ -3,8 +3,6 @@
 //! `max_batch_size`, the inputs and outputs; served as gRPC's ModelConfig and REST's
 //! `GET /v2/models/{m}/config`.
 
-use std::time::Duration;
-
 use super::core::lookup;
 use super::Gateway;
 use crate::error::GatewayError;
@@ -16,42 +14,20 @@ use crate::protocol::{DataType, ModelMetadata, TensorMetadata};
 /// The model's configuration. For a batching model, the limit is the smallest that the
 /// backends serving it state (an in-process model's config.pbtxt, a tensorgate worker's or
 /// Triton's configuration endpoint); where none states one it is `UNKNOWN_MAX_BATCH`.
-pub async fn model_config(
+pub fn model_config(
     gw: &Gateway,
     model: &str,
     version: Option<&str>,
 ) -> Result<pb::ModelConfig, GatewayError> {
     let entry = lookup(gw, model, version)?;
     let mut config = from_metadata(&entry.metadata, &gw.labels.load());
-    // Labels an in-process model carries (its config.pbtxt's label_filename) classify as
-    // configured ones do.
-    for output in config
-        .output
-        .iter_mut()
-        .filter(|o| o.label_filename.is_empty())
-    {
-        if entry
-            .ready
-            .iter()
-            .any(|h| h.backend.labels(model, &output.name).is_some())
-        {
-            output.label_filename = label_file(&output.name);
-        }
-    }
-    // Every backend that serves it is asked, at once: a request may go to any of them, so
-    // the batch every one takes is the smallest they state, and a model that one of them
-    // runs as a sequence model is one (its requests need sequence ids).
-    let wait = Duration::from_millis(gw.config().fleet.probe_timeout_ms);
-    let stated: Vec<StatedConfig> =
-        futures_util::future::join_all(entry.ready.iter().map(|h| async move {
-            tokio::time::timeout(wait, h.backend.stated_config(model))
-                .await
-                .ok()
-                .flatten()
-        }))
-        .await
-        .into_iter()
-        .flatten()
+    // What each backend that serves it stated when the fleet last asked: a request may go
+    // to any of them, so the batch every one takes is the smallest they state, and a model
+    // that one of them runs as a sequence model is one (its requests need sequence ids).
+    let stated: Vec<StatedConfig> = entry
+        .ready
+        .iter()
+        .filter_map(|h| h.state.load().models.get(model)?.stated.clone())
         .collect();
     // Every leading dimension is -1, which v2 metadata also shows for a model that does not
     // batch (`max_batch_size: 0`, dims starting with -1): its backends say which it is.
@@ -74,8 +50,9 @@ pub async fn model_config(
             config.max_batch_size = i32::try_from(n).unwrap_or(UNKNOWN_MAX_BATCH);
         }
     }
-    // Labels a remote backend states for an output (Triton's or a worker's label_filename):
-    // a client that reads the configuration learns that classifications carry them.
+    // Labels a backend states for an output (an in-process model's, Triton's or a worker's
+    // label_filename): a client that reads the configuration learns that classifications
+    // carry them.
     for output in config
         .output
         .iter_mut()

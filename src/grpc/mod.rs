@@ -304,9 +304,8 @@ impl GrpcInferenceService for GrpcFront {
         let r = req.into_inner();
         required("name", &r.name).map_err(|e| e.to_grpc())?;
         let version = Some(r.version.as_str()).filter(|v| !v.is_empty());
-        let config = model_config::model_config(&self.gw, &r.name, version)
-            .await
-            .map_err(|e| e.to_grpc())?;
+        let config =
+            model_config::model_config(&self.gw, &r.name, version).map_err(|e| e.to_grpc())?;
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(config),
         }))

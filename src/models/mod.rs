@@ -67,6 +67,17 @@ pub trait Model: Send + Sync {
     fn labels(&self, _output: &str) -> Option<Arc<Vec<String>>> {
         None
     }
+    /// The outputs that carry labels, each with the file its labels came from (config.pbtxt's
+    /// `label_filename`), as the model's configuration shows them. A model whose labels are
+    /// built in names each `<output>.labels`.
+    fn label_files(&self) -> Vec<(String, String)> {
+        self.metadata()
+            .outputs
+            .iter()
+            .filter(|o| self.labels(&o.name).is_some())
+            .map(|o| (o.name.clone(), format!("{}.labels", o.name)))
+            .collect()
+    }
     /// For a model whose runs take real time: how many may run at once. Such a model runs on
     /// the blocking pool, never on the async workers, so that it cannot delay health checks
     /// or other models. `None` (the built-in demo models): cheap, run in place.

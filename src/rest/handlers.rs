@@ -135,7 +135,7 @@ pub async fn model_config(
     version: Option<&str>,
 ) -> Result<Response<Body>, GatewayError> {
     use crate::protocol::grpc::pb;
-    let c = crate::gateway::model_config::model_config(gw, model, version).await?;
+    let c = crate::gateway::model_config::model_config(gw, model, version)?;
     let data_type = |t: i32| {
         pb::DataType::try_from(t)
             .unwrap_or(pb::DataType::TypeInvalid)

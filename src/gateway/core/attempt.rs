@@ -22,6 +22,7 @@ use crate::gateway::observe::{Observation, Phase, SHUT_DOWN};
 use crate::gateway::Gateway;
 use crate::headers::INFERENCE_HEADER_CONTENT_LENGTH;
 use crate::pinstore::Claimed;
+use crate::protocol::params::RequestOptions;
 use crate::protocol::rest::decode::decode_backend_response;
 use crate::protocol::rest::encode::{encode_request, CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON};
 use crate::protocol::{InferRequest, Limits, ModelMetadata, SequenceId};
@@ -56,6 +57,11 @@ pub(super) struct Attempt<'a> {
     pub version: Option<&'a str>,
     pub metadata: &'a ModelMetadata,
     pub req: &'a InferRequest,
+    /// The request's options as routing reads them: its own, or without its sequence for a
+    /// model that keeps no sequence state.
+    pub routing: &'a RequestOptions,
+    /// Whether the model's tensors start with a batch dimension, where a backend says.
+    pub batches: Option<bool>,
     pub original: Option<Original<'a>>,
     pub deadline: Instant,
     /// What set `deadline`: a backend that overruns a configured one has failed, and
@@ -98,7 +104,7 @@ impl Attempt<'_> {
         entry: &CatalogEntry,
         obs: &mut Observation,
     ) -> Result<Outcome, GatewayError> {
-        let (gw, model, options) = (self.gw, self.model, &self.req.options);
+        let (gw, model, options) = (self.gw, self.model, self.routing);
         let labels = gw.labels.load();
         let in_sequence = options.sequence_id.is_some();
         let mut refused: Option<String> = None;
@@ -255,11 +261,7 @@ impl Attempt<'_> {
 
     /// The request's sequence id; called only inside a sequence.
     fn sequence(&self) -> &SequenceId {
-        self.req
-            .options
-            .sequence_id
-            .as_ref()
-            .expect("in a sequence")
+        self.routing.sequence_id.as_ref().expect("in a sequence")
     }
 
     /// The route once the store answered that `holder`, not the route's backend, holds the
@@ -271,7 +273,7 @@ impl Attempt<'_> {
         route: BackendRoute,
         refused: Option<&str>,
     ) -> Result<BackendRoute, GatewayError> {
-        let (gw, model, options) = (self.gw, self.model, &self.req.options);
+        let (gw, model, options) = (self.gw, self.model, self.routing);
         let (pins, id) = (&gw.router.pins, self.sequence());
         if !entry.ready.iter().any(|h| h.key == holder) {
             // It may know a backend that this replica has yet to discover.
@@ -313,7 +315,7 @@ impl Attempt<'_> {
         entry: &CatalogEntry,
         refused: Option<&str>,
     ) -> Result<BackendRoute, GatewayError> {
-        let (router, options) = (&self.gw.router, &self.req.options);
+        let (router, options) = (&self.gw.router, self.routing);
         // During a rolling update some backends have a version and some not yet: a request
         // for a version goes to those that list it; and where backends serve the model with
         // other tensors, a request goes to those whose tensors it was checked against. Not
@@ -351,7 +353,8 @@ impl Attempt<'_> {
         obs: &mut Observation,
     ) -> Result<Outcome, Failure> {
         obs.backend = Some(backend.name.clone());
-        let classifications = plan::classifications(self.req, self.metadata, backend, labels)?;
+        let classifications =
+            plan::classifications(self.req, self.metadata, self.batches, backend, labels)?;
         self.call(backend, &classifications, obs).await
     }
 
@@ -378,7 +381,7 @@ impl Attempt<'_> {
             obs.retried_from = Some(route.backend.name.to_string());
             match self.on(past_owner, labels, obs).await {
                 Ok(response) => {
-                    router.pin(self.model, &self.req.options, past_owner.as_ref());
+                    router.pin(self.model, self.routing, past_owner.as_ref());
                     return Ok((response, Some(past_owner.clone())));
                 }
                 Err(f) if f.rejected => continue,

@@ -37,6 +37,7 @@ use crate::error::GatewayError;
 /// The body of a backend's answer that goes back to the client unchanged.
 pub use crate::fleet::pool::BackendBody;
 use crate::fleet::CatalogEntry;
+use crate::protocol::params::RequestOptions;
 use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetadata};
 
 pub use lookup::{lookup, lookup_for_readiness};
@@ -119,12 +120,7 @@ pub async fn infer(
         .map(crate::routing::describe_sequence);
     let validating = super::observe::Phase::start();
     validate_request(req, &entry.metadata)?;
-    // An in-process model says whether it batches (its max_batch_size); v2 metadata cannot.
-    let batches = entry
-        .ready
-        .iter()
-        .find_map(|h| h.backend.batches(ctx.model));
-    obs.batch = Some(batch_size(req, &entry.metadata, batches));
+    obs.batch = Some(batch_size(req, &entry.metadata, entry.batches));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);
     obs.traceparent = trace.to_str().ok().map(std::sync::Arc::from);
@@ -136,9 +132,26 @@ pub async fn infer(
     let total_in: u64 = req.inputs.iter().map(|t| t.data.len() as u64).sum();
     let limits = config.limits.protocol();
     let (deadline, deadline_set_by) = deadline(config, ctx.model, req, ctx.transport_deadline);
+    // A model its backends say keeps no sequence state: a client's `sequence_id` (tritonclient
+    // sets one for any model it is given) routes nothing, and no backend is pinned.
+    let unpinned;
+    let routing = match entry.stateless && req.options.sequence_id.is_some() {
+        true => {
+            unpinned = RequestOptions {
+                sequence_id: None,
+                sequence_start: false,
+                sequence_end: false,
+                ..req.options.clone()
+            };
+            &unpinned
+        }
+        false => &req.options,
+    };
     let attempt = attempt::Attempt {
         gw,
         limits: &limits,
+        routing,
+        batches: entry.batches,
         model: ctx.model,
         version: ctx.version,
         metadata: &entry.metadata,

@@ -65,6 +65,7 @@ fn is_batched(batched: Option<bool>, t: &Tensor) -> bool {
 pub fn classifications(
     req: &InferRequest,
     model: &ModelMetadata,
+    batches: Option<bool>,
     backend: &BackendHandle,
     labels: &Labels,
 ) -> Result<Vec<Classification>, GatewayError> {
@@ -91,10 +92,7 @@ pub fn classifications(
             out.push(Classification {
                 output: o.name.clone(),
                 k,
-                batched: backend
-                    .backend
-                    .batches(&model.name)
-                    .or_else(|| meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1)),
+                batched: batches.or_else(|| meta.map(|m| m.shape.len() >= 2 && m.shape[0] == -1)),
                 labels: labels.get(&model.name, &o.name).or_else(|| {
                     in_process
                         .then(|| backend.backend.labels(&model.name, &o.name))

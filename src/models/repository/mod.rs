@@ -234,7 +234,13 @@ impl Repository {
             }
         }
         agree_with_latest(&mut versions, &mut entries);
-        let model = VersionedModel::new(versions).map(|m| Arc::new(m) as Arc<dyn Model>);
+        let label_files = config
+            .outputs
+            .iter()
+            .filter_map(|o| Some((o.tensor.name.clone(), o.label_filename.clone()?)))
+            .collect();
+        let model =
+            VersionedModel::new(versions, label_files).map(|m| Arc::new(m) as Arc<dyn Model>);
         Ok(LoadedModel { model, entries })
     }
 }
@@ -406,14 +412,23 @@ fn read_labels(
 pub struct VersionedModel {
     versions: BTreeMap<i64, Arc<dyn Model>>,
     meta: ModelMetadata,
+    /// config.pbtxt's `label_filename`s, by output.
+    label_files: Vec<(String, String)>,
 }
 
 impl VersionedModel {
-    fn new(versions: BTreeMap<i64, Arc<dyn Model>>) -> Option<Self> {
+    fn new(
+        versions: BTreeMap<i64, Arc<dyn Model>>,
+        label_files: Vec<(String, String)>,
+    ) -> Option<Self> {
         let (_, latest) = versions.iter().next_back()?;
         let mut meta = latest.metadata().clone();
         meta.versions = versions.keys().map(i64::to_string).collect();
-        Some(VersionedModel { meta, versions })
+        Some(VersionedModel {
+            meta,
+            versions,
+            label_files,
+        })
     }
 
     fn latest(&self) -> &Arc<dyn Model> {
@@ -456,6 +471,10 @@ impl Model for VersionedModel {
 
     fn labels(&self, output: &str) -> Option<Arc<Vec<String>>> {
         self.latest().labels(output)
+    }
+
+    fn label_files(&self) -> Vec<(String, String)> {
+        self.label_files.clone()
     }
 
     fn instances(&self) -> Option<usize> {
