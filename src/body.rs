@@ -100,6 +100,16 @@ pub fn error_response(e: &GatewayError) -> Response<Body> {
     if let GatewayError::ModelFailed(_) = e {
         r = r.header(crate::error::MODEL_FAILURE, "1");
     }
+    if let GatewayError::MethodNotAllowed { allow, .. } = e {
+        // Every GET path answers HEAD too (RFC 9110 9.3.2).
+        r = r.header(
+            header::ALLOW,
+            match *allow {
+                http::Method::GET => "GET, HEAD",
+                ref m => m.as_str(),
+            },
+        );
+    }
     // Refused before its body was read (too large, too slow, or no room left): the rest of it is still on
     // the connection, which is closed after this answer; saying so keeps an HTTP/1.1 client
     // from sending its next request on it. (HTTP/2 drops the header: its streams end alone.)

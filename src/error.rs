@@ -15,7 +15,11 @@ pub enum GatewayError {
     /// 400 for anything else the client got wrong (headers, paths).
     BadRequest(String),
     NotFound(String),
-    MethodNotAllowed(String),
+    /// The path exists, but not for this method: 405, with `Allow` saying which one it takes.
+    MethodNotAllowed {
+        message: String,
+        allow: http::Method,
+    },
     /// A missing or wrong bearer token: 401.
     Unauthorized(String),
     /// The client sent its body too slowly: 408.
@@ -84,7 +88,7 @@ impl GatewayError {
             }
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
-            GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -115,7 +119,9 @@ impl GatewayError {
                 Code::InvalidArgument
             }
             GatewayError::NotFound(_) => Code::NotFound,
-            GatewayError::MethodNotAllowed(_) | GatewayError::Unsupported(_) => Code::Unimplemented,
+            GatewayError::MethodNotAllowed { .. } | GatewayError::Unsupported(_) => {
+                Code::Unimplemented
+            }
             GatewayError::Unauthorized(_) => Code::Unauthenticated,
             GatewayError::RequestTimeout(_) | GatewayError::Timeout(_) => Code::DeadlineExceeded,
             GatewayError::PayloadTooLarge(_) => Code::ResourceExhausted,
@@ -162,7 +168,6 @@ impl GatewayError {
             GatewayError::Protocol(e) => e.message(),
             GatewayError::BadRequest(m)
             | GatewayError::NotFound(m)
-            | GatewayError::MethodNotAllowed(m)
             | GatewayError::Unauthorized(m)
             | GatewayError::RequestTimeout(m)
             | GatewayError::PayloadTooLarge(m)
@@ -176,7 +181,20 @@ impl GatewayError {
             | GatewayError::Unsupported(m)
             | GatewayError::ModelFailed(m)
             | GatewayError::Internal(m) => m,
-            GatewayError::Backend { message, .. } => message,
+            GatewayError::Backend { message, .. }
+            | GatewayError::MethodNotAllowed { message, .. } => message,
+        }
+    }
+
+    /// `method` on `path`, which takes only `allow`.
+    pub fn method_not_allowed(
+        method: &http::Method,
+        path: &str,
+        allow: http::Method,
+    ) -> GatewayError {
+        GatewayError::MethodNotAllowed {
+            message: format!("method {method} is not allowed on {path}; use {allow}"),
+            allow,
         }
     }
 

@@ -110,19 +110,7 @@ impl tower::Service<Request<Body>> for Dispatch {
                 Err(e) => {
                     obs.failure = Some(observe::failure_of(&e));
                     obs.error = Some(e.short_message().into_owned());
-                    let mut r = error_response(&e);
-                    if let GatewayError::MethodNotAllowed(_) = e {
-                        if let Some(allow) = allowed_method(e.message()) {
-                            // Every GET path answers HEAD too (RFC 9110 10.2.1).
-                            let allow = if allow == "GET" {
-                                HeaderValue::from_static("GET, HEAD")
-                            } else {
-                                allow
-                            };
-                            r.headers_mut().insert(header::ALLOW, allow);
-                        }
-                    }
-                    r
+                    error_response(&e)
                 }
             };
             response.extensions_mut().insert(obs);
@@ -350,11 +338,9 @@ where
         RouteError::NotFound => {
             GatewayError::NotFound(format!("no such endpoint: {}", req.uri().path()))
         }
-        RouteError::MethodNotAllowed(m) => GatewayError::MethodNotAllowed(format!(
-            "method {} is not allowed on {}; use {m}",
-            req.method(),
-            req.uri().path()
-        )),
+        RouteError::MethodNotAllowed(allow) => {
+            GatewayError::method_not_allowed(req.method(), req.uri().path(), allow)
+        }
         RouteError::SharedMemory(what) => GatewayError::shared_memory(what),
         RouteError::BackendSetting(what) => GatewayError::backend_setting(what),
     })?;
@@ -579,13 +565,6 @@ where
             "the request body is not valid JSON: {e}"
         ))),
     }
-}
-
-fn allowed_method(message: &str) -> Option<http::HeaderValue> {
-    message
-        .rsplit("use ")
-        .next()
-        .and_then(|m| http::HeaderValue::from_str(m).ok())
 }
 
 /// The coding a body came in: gzip or deflate, inflated once it is all here

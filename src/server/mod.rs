@@ -499,13 +499,11 @@ pub fn metrics_service(
             let head_h2 =
                 req.method() == http::Method::HEAD && req.version() >= http::Version::HTTP_2;
             let mut resp = if req.uri().path() == "/metrics" && !get {
-                let mut r = error_response(&GatewayError::MethodNotAllowed(format!(
-                    "method {} is not allowed on /metrics; use GET",
-                    req.method()
-                )));
-                r.headers_mut()
-                    .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-                r
+                error_response(&GatewayError::method_not_allowed(
+                    req.method(),
+                    "/metrics",
+                    http::Method::GET,
+                ))
             } else if req.uri().path() == "/metrics" {
                 gw.update_gauges();
                 let metrics = &gw.metrics;
