@@ -286,6 +286,16 @@ async fn reshaped_tensors_serve_the_shapes_config_pbtxt_gives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
     let repo = repository("onnx-broken");
+    // mlp's version 3 is corrupt; versions 2 and 3 are the latest two.
+    let config = repo.path("mlp/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\nversion_policy: {{ latest {{ num_versions: 2 }} }}\n"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(repo.path("mlp/3")).unwrap();
+    std::fs::write(repo.path("mlp/3/model.onnx"), b"not a model").unwrap();
     let w = worker("w", &repo.0).await;
     let client = http_client();
     let index = index(&client, &w.url).await;
@@ -299,9 +309,37 @@ async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
         )),
         "{reason}"
     );
-    // Triton's default version policy: the latest only.
     assert_eq!(entry(&index, "mlp", "2").unwrap()["state"], "READY");
     assert!(entry(&index, "mlp", "1").is_none());
+    let mlp3 = entry(&index, "mlp", "3").expect("mlp 3 is listed");
+    assert_eq!(mlp3["state"], "UNAVAILABLE");
+    // A version that failed to load is named with why: 404 as Triton answers for a version
+    // it cannot serve, 503 to a readiness probe.
+    let (status, body) = get_json(&client, &format!("{}/v2/models/mlp/versions/3", w.url)).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            404,
+            &json!(format!(
+                "model 'mlp' version 3 is not available: UNAVAILABLE on backend 'builtin': {} (its versions are 2)",
+                mlp3["reason"].as_str().unwrap()
+            ))
+        )
+    );
+    let ready = client
+        .get(format!("{}/v2/models/mlp/versions/3/ready", w.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let (status, body) = get_json(&client, &format!("{}/v2/models/mlp/versions/1", w.url)).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            404,
+            &json!("model 'mlp' has no version '1' (its versions are 2)")
+        )
+    );
     assert_eq!(entry(&index, "intbool", "1").unwrap()["state"], "READY");
     assert_eq!(entry(&index, "simple", "1").unwrap()["state"], "READY");
     // Not served, and the error says why rather than that the name is unknown.

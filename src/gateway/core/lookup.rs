@@ -67,17 +67,27 @@ fn find(
             .any(|x| x == v)
             .then(|| Arc::new(m.clone()))
     });
-    match lister {
-        Some(metadata) => Ok(CatalogEntry {
+    if let Some(metadata) = lister {
+        return Ok(CatalogEntry {
             metadata,
             mixed_tensors: true,
             ..entry.clone()
-        }),
-        None => Err(GatewayError::NotFound(format!(
+        });
+    }
+    // A version a repository has but cannot serve (it failed to load) is named with why.
+    let (reasons, loading) = unavailable(gw, model, Some(v));
+    if reasons.is_empty() {
+        return Err(GatewayError::NotFound(format!(
             "model '{model}' has no version '{v}' (its versions are {})",
             versions.join(", ")
-        ))),
+        )));
     }
+    let message = format!(
+        "model '{model}' version {v} is not available: {} (its versions are {})",
+        reasons.join("; "),
+        versions.join(", ")
+    );
+    Err(not_available(message, loading || readiness))
 }
 
 /// An unknown name is a 404 only when every backend that could serve it has said what it
@@ -137,8 +147,29 @@ fn not_yet_known(model: &str, unreached: &[String]) -> String {
 /// loaded a broken model learns why, not only that the name is unknown. A model that is
 /// loading is unavailable for now (503: come back), not missing.
 fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
+    let (reasons, loading) = unavailable(gw, model, None);
+    if reasons.is_empty() {
+        return unknown(gw, model);
+    }
+    let message = format!("model '{model}' is not available: {}", reasons.join("; "));
+    not_available(message, loading || readiness)
+}
+
+/// Infer and metadata answer 404 for a model or version that cannot serve, as Triton does;
+/// a readiness probe, and anything while a load runs, 503.
+fn not_available(message: String, unavailable: bool) -> GatewayError {
+    if unavailable {
+        GatewayError::Unavailable(message)
+    } else {
+        GatewayError::NotFound(message)
+    }
+}
+
+/// What the backends' repositories say of `model` (of its `version` only, if given) that
+/// they cannot serve, one sentence each, and whether one is loading it.
+fn unavailable(gw: &Gateway, model: &str, version: Option<&str>) -> (Vec<String>, bool) {
     let mut loading = false;
-    let reasons: Vec<String> = gw
+    let reasons = gw
         .fleet
         .backends()
         .iter()
@@ -148,13 +179,13 @@ fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
                 .unavailable
                 .iter()
                 .filter(|e| e.name == model)
+                .filter(|e| version.is_none() || e.version.as_deref() == version)
                 .map(|e| {
                     loading |= e.state == ModelState::Loading;
-                    let version = e
-                        .version
-                        .as_deref()
-                        .map(|v| format!(" version {v}"))
-                        .unwrap_or_default();
+                    let version = match (version, e.version.as_deref()) {
+                        (None, Some(v)) => format!(" version {v}"),
+                        _ => String::new(),
+                    };
                     // MLServer gives an unloaded model an empty reason.
                     let reason = if e.reason.is_empty() {
                         String::new()
@@ -170,15 +201,7 @@ fn not_served(gw: &Gateway, model: &str, readiness: bool) -> GatewayError {
                 .collect::<Vec<_>>()
         })
         .collect();
-    if reasons.is_empty() {
-        return unknown(gw, model);
-    }
-    let message = format!("model '{model}' is not available: {}", reasons.join("; "));
-    if loading || readiness {
-        GatewayError::Unavailable(message)
-    } else {
-        GatewayError::NotFound(message)
-    }
+    (reasons, loading)
 }
 
 #[cfg(test)]
