@@ -1492,9 +1492,6 @@ async fn names_refusals_and_built_in_models_across_a_fleet() {
     gw.shutdown().await;
 }
 
-/// A rolling update: one worker serves version 1 of `mlp`, the other already version 2.
-/// A request for a version goes only to a worker that lists it, whichever the gateway took
-/// the metadata from; a request without a version may go to either.
 /// Posts an infer to `url` and checks that `backend` answered it with `version`.
 async fn served_by(
     client: &reqwest::Client,
@@ -1519,6 +1516,9 @@ async fn served_by(
     assert_eq!(answer["model_version"], version, "{what}: {answer}");
 }
 
+/// A rolling update: one worker serves version 1 of `mlp`, the other already version 2.
+/// The model lists both; a request for a version goes only to a worker that lists it,
+/// whichever the gateway took the metadata from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_goes_to_the_backends_that_have_it() {
     let (old, new) = (repository("rolling-old"), repository("rolling-new"));
@@ -1526,6 +1526,9 @@ async fn a_version_goes_to_the_backends_that_have_it() {
     let (a, b) = (worker("a", &old.0).await, worker("b", &new.0).await);
     let gw = gateway_over(&[("a", &a.url), ("b", &b.url)]).await;
     let client = http_client();
+    // The model lists the versions of both.
+    let (_, metadata) = get_json(&client, &format!("{}/v2/models/mlp", base(&gw))).await;
+    assert_eq!(metadata["versions"], json!(["1", "2"]), "{metadata}");
     let body = json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]});
     for (version, backend) in [("1", "a"), ("2", "b")] {
         for i in 0..12 {

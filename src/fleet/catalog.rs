@@ -107,8 +107,9 @@ impl Catalog {
                 }
             }
         }
-        for e in models.values_mut() {
+        for (name, e) in models.iter_mut() {
             e.stateless &= !e.ready.is_empty();
+            union_versions(name, e);
         }
         // Models served by the same backends share one table.
         let mut built: HashMap<Vec<(String, u32)>, Arc<SequenceTable>> = HashMap::new();
@@ -155,6 +156,35 @@ impl Catalog {
     /// Ready: at least one model has a backend that reports it ready.
     pub fn any_ready(&self) -> bool {
         self.models.values().any(|e| !e.ready.is_empty())
+    }
+}
+
+/// The versions a model lists are those of every ready backend that serves it with the
+/// tensors shown (a rolling update has some backends on the new version and some on the
+/// old): requests reach them all. Backends with other tensors keep theirs to themselves: a
+/// request for one of those is checked against that backend's metadata (`lookup`).
+fn union_versions(name: &str, e: &mut CatalogEntry) {
+    let mut versions = e.metadata.versions.clone();
+    for h in &e.ready {
+        let state = h.state.load();
+        let Some(m) = state.models.get(name) else {
+            continue;
+        };
+        if m.metadata.same_tensors(&e.metadata) {
+            for v in &m.metadata.versions {
+                if !versions.contains(v) {
+                    versions.push(v.clone());
+                }
+            }
+        }
+    }
+    if versions.len() > e.metadata.versions.len() {
+        // Numbers in their order, as Triton lists them; anything else after, as text.
+        versions.sort_by(|a, b| {
+            let key = |v: &String| v.parse::<u64>().map_err(|_| v.clone());
+            key(a).cmp(&key(b))
+        });
+        Arc::make_mut(&mut e.metadata).versions = versions;
     }
 }
 
@@ -297,6 +327,38 @@ mod tests {
         assert_eq!(built(), (true, Some(true)), "only ready backends count");
         state(&hs[0], says(Some(8), false), false);
         assert_eq!(built(), (false, None), "none ready");
+    }
+
+    /// A rolling update: each backend lists its own versions; the model lists them all, in
+    /// numeric order, but not those of a backend with other tensors.
+    #[test]
+    fn the_model_lists_every_ready_backends_versions() {
+        let hs = handles(&["http://a", "http://b", "http://c"]);
+        let set = |h: &BackendHandle, versions: &[&str], input: &str| {
+            let mut s = (**h.state.load()).clone();
+            let m = &mut s.models.get_mut("m").unwrap().metadata;
+            m.versions = versions.iter().map(|v| v.to_string()).collect();
+            m.inputs = vec![crate::protocol::TensorMetadata {
+                name: input.into(),
+                datatype: "FP32".into(),
+                shape: vec![-1],
+            }];
+            h.state.store(Arc::new(s));
+        };
+        set(&hs[0], &["10"], "X");
+        set(&hs[1], &["9", "10"], "X");
+        set(&hs[2], &["11"], "Y");
+        let window = HistoryWindow {
+            keep: Duration::from_secs(60),
+            now: Instant::now(),
+        };
+        let c = Catalog::build(&hs, &Catalog::default(), SIZE, window);
+        assert_eq!(c.get("m").unwrap().metadata.versions, ["9", "10"]);
+        assert_eq!(
+            hs[0].state.load().models["m"].metadata.versions,
+            ["10"],
+            "the backend's own metadata is left alone"
+        );
     }
 
     #[test]
