@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::BackendHandle;
+use super::{BackendHandle, BackendState};
 use crate::protocol::ModelMetadata;
 use crate::routing::table::SequenceTable;
 
@@ -74,9 +74,25 @@ impl Catalog {
         table_size: usize,
         window: HistoryWindow,
     ) -> Catalog {
+        let states: Vec<Arc<BackendState>> = backends.iter().map(|h| h.state.load_full()).collect();
+        Catalog::build_from(backends, &states, previous, table_size, window)
+    }
+
+    /// [`Catalog::build`] from `states`, one per backend, which need not be the backends'
+    /// own yet: a refresh builds the catalog from the states it found, and stores them after
+    /// the catalog. Stored first, a model just loaded was in neither the old catalog nor
+    /// its backend's list of unavailable models for a moment, and got 404 "unknown model".
+    pub fn build_from(
+        backends: &[Arc<BackendHandle>],
+        states: &[Arc<BackendState>],
+        previous: &Catalog,
+        table_size: usize,
+        window: HistoryWindow,
+    ) -> Catalog {
         let mut models: BTreeMap<String, CatalogEntry> = BTreeMap::new();
-        for h in backends {
-            let state = h.state.load();
+        // Each model's ready backends' states, beside `CatalogEntry::ready`.
+        let mut ready_states: HashMap<&str, Vec<&BackendState>> = HashMap::new();
+        for (h, state) in backends.iter().zip(states) {
             let mut names: Vec<&String> = state.models.keys().collect();
             names.sort();
             for name in names {
@@ -104,12 +120,17 @@ impl Catalog {
                         entry.mixed_tensors = true;
                     }
                     entry.ready.push(h.clone());
+                    ready_states.entry(name).or_default().push(&**state);
                 }
             }
         }
         for (name, e) in models.iter_mut() {
             e.stateless &= !e.ready.is_empty();
-            union_versions(name, e);
+            union_versions(
+                name,
+                e,
+                ready_states.get(name.as_str()).map_or(&[], Vec::as_slice),
+            );
         }
         // Models served by the same backends share one table.
         let mut built: HashMap<Vec<(String, u32)>, Arc<SequenceTable>> = HashMap::new();
@@ -143,7 +164,7 @@ impl Catalog {
                 e.history = history_after(prev, e, window);
             }
             if e.mixed_tensors && !prev.is_some_and(|p| p.mixed_tensors) {
-                warn_mixed(name, e);
+                warn_mixed(name, e, &ready_states[name.as_str()]);
             }
         }
         Catalog { models }
@@ -163,10 +184,9 @@ impl Catalog {
 /// tensors shown (a rolling update has some backends on the new version and some on the
 /// old): requests reach them all. Backends with other tensors keep theirs to themselves: a
 /// request for one of those is checked against that backend's metadata (`lookup`).
-fn union_versions(name: &str, e: &mut CatalogEntry) {
+fn union_versions(name: &str, e: &mut CatalogEntry, ready_states: &[&BackendState]) {
     let mut versions = e.metadata.versions.clone();
-    for h in &e.ready {
-        let state = h.state.load();
+    for state in ready_states {
         let Some(m) = state.models.get(name) else {
             continue;
         };
@@ -189,15 +209,14 @@ fn union_versions(name: &str, e: &mut CatalogEntry) {
 }
 
 /// Says once (when it begins) that backends serve `name` with different tensors, and which.
-fn warn_mixed(name: &str, e: &CatalogEntry) {
-    let (same, other): (Vec<&Arc<BackendHandle>>, Vec<&Arc<BackendHandle>>) =
-        e.ready.iter().partition(|h| {
-            h.state
-                .load()
-                .models
-                .get(name)
-                .is_none_or(|m| m.metadata.same_tensors(&e.metadata))
-        });
+fn warn_mixed(name: &str, e: &CatalogEntry, ready_states: &[&BackendState]) {
+    let (same, other): (Vec<_>, Vec<_>) = e.ready.iter().zip(ready_states).partition(|(_, s)| {
+        s.models
+            .get(name)
+            .is_none_or(|m| m.metadata.same_tensors(&e.metadata))
+    });
+    let same: Vec<&Arc<BackendHandle>> = same.into_iter().map(|(h, _)| h).collect();
+    let other: Vec<&Arc<BackendHandle>> = other.into_iter().map(|(h, _)| h).collect();
     let names =
         |hs: &[&Arc<BackendHandle>]| hs.iter().map(|h| &*h.name).collect::<Vec<_>>().join(", ");
     tracing::warn!(

@@ -441,7 +441,7 @@ impl Fleet {
         let rounds = backends
             .iter()
             .map(|h| refresh_backend(h, threshold, &self.tolerated));
-        futures_util::future::join_all(rounds).await;
+        let states = futures_util::future::join_all(rounds).await;
         let previous = self.catalog.load_full();
         // Building hash tables takes milliseconds; keep it off the async workers.
         let table_size = self.hash_table_size.load(Ordering::Relaxed);
@@ -449,12 +449,17 @@ impl Fleet {
             keep: Duration::from_millis(self.history_ms.load(Ordering::Relaxed)),
             now: std::time::Instant::now(),
         };
-        let catalog = tokio::task::spawn_blocking(move || {
-            Catalog::build(&backends, &previous, table_size, window)
+        let (catalog, backends, states) = tokio::task::spawn_blocking(move || {
+            let catalog = Catalog::build_from(&backends, &states, &previous, table_size, window);
+            (catalog, backends, states)
         })
         .await
         .expect("building the catalog does not panic");
+        // The catalog first, then the states it was built from: see `Catalog::build_from`.
         self.catalog.store(Arc::new(catalog));
+        for (h, state) in backends.iter().zip(states) {
+            h.state.store(state);
+        }
         self.refreshed_once.store(true, Ordering::Release);
     }
 
@@ -467,11 +472,12 @@ impl Fleet {
     }
 }
 
+/// One backend's new state, for the caller to store.
 async fn refresh_backend(
     h: &BackendHandle,
     unhealthy_after_checks: u32,
     tolerated: &prometheus::IntCounterVec,
-) {
+) -> Arc<BackendState> {
     let result = async {
         h.backend.ready().await?;
         let server = h.backend.server_metadata().await?;
@@ -563,8 +569,7 @@ async fn refresh_backend(
             if previous.reachable && no_answer && failed < unhealthy_after_checks {
                 let mut kept = BackendState::clone(&previous);
                 kept.last_error = Some(e.to_string());
-                h.state.store(Arc::new(kept));
-                return;
+                return Arc::new(kept);
             }
             // Its models stay known, not ready: clients get a retryable 503 rather than a
             // 404 that says the model does not exist.
@@ -591,7 +596,7 @@ async fn refresh_backend(
             }
         }
     };
-    h.state.store(Arc::new(state));
+    Arc::new(state)
 }
 
 #[cfg(test)]
@@ -718,7 +723,8 @@ mod tests {
     async fn reachability(h: &BackendHandle, checks: usize, threshold: u32) -> Vec<bool> {
         let mut seen = Vec::new();
         for _ in 0..checks {
-            refresh_backend(h, threshold, &counter()).await;
+            h.state
+                .store(refresh_backend(h, threshold, &counter()).await);
             seen.push(h.state.load().reachable);
         }
         seen
@@ -778,10 +784,10 @@ mod tests {
             unanswered: names.iter().map(|n| n.to_string()).collect(),
             ..ModelList::default()
         };
-        refresh_backend(&h, 1, &counter()).await;
+        h.state.store(refresh_backend(&h, 1, &counter()).await);
         assert!(h.state.load().models["m"].ready);
         *backend.1.lock().unwrap() = vec![cut_off(&["m", "new"])];
-        refresh_backend(&h, 1, &counter()).await;
+        h.state.store(refresh_backend(&h, 1, &counter()).await);
         let state = h.state.load();
         assert!(state.reachable);
         assert_eq!(state.models.keys().collect::<Vec<_>>(), ["m"]);
@@ -789,7 +795,84 @@ mod tests {
         assert_eq!(state.models["m"].metadata.name, "m");
         assert_eq!(state.no_models, None);
         // Its metadata answers again: ready again.
-        refresh_backend(&h, 1, &counter()).await;
+        h.state.store(refresh_backend(&h, 1, &counter()).await);
         assert!(h.state.load().models["m"].ready);
+    }
+
+    /// Ready once its `Notify` is notified; lists nothing.
+    struct Gated(Arc<tokio::sync::Notify>);
+
+    impl Backend for Gated {
+        fn in_process(&self) -> bool {
+            false
+        }
+        fn server_metadata(&self) -> BoxFuture<'_, Result<ServerMetadata, BackendError>> {
+            Box::pin(async {
+                Ok(ServerMetadata {
+                    name: "gated".into(),
+                    version: "1".into(),
+                    extensions: vec![],
+                })
+            })
+        }
+        fn models<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<ModelList, BackendError>> {
+            Box::pin(async { Ok(ModelList::default()) })
+        }
+        fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+            Box::pin(async {
+                self.0.notified().await;
+                Ok(())
+            })
+        }
+        fn infer<'a>(&'a self, _: InferCall<'a>) -> BoxFuture<'a, Result<Reply, BackendError>> {
+            Box::pin(async { Err(BackendError::Failed("not used".into())) })
+        }
+    }
+
+    /// A refresh stores the states it found only after the catalog built from them: while a
+    /// slow backend holds the round up, a fast one's stored state is still the old one, like the
+    /// catalog. Stored first, a model just loaded was briefly in neither the old catalog nor
+    /// its backend's list of unavailable models (which lookup reads for why a model is
+    /// missing), and was "unknown" (404).
+    #[tokio::test]
+    async fn a_refresh_stores_backend_states_after_its_catalog() {
+        let config = crate::config::parse_and_check("").unwrap();
+        let client = http::new_client(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            crate::tls::client_config(&Default::default()).unwrap(),
+        );
+        let resolver = Arc::new(discovery::StaticResolver(Default::default()));
+        let fleet = Arc::new(Fleet::new(&config, client, resolver, counter()));
+        let fast = handle(vec![Ok(())]);
+        let open = Arc::new(tokio::sync::Notify::new());
+        let slow = BackendHandle {
+            name: "slow".into(),
+            key: "http://slow".into(),
+            backend: Arc::new(Gated(open.clone())),
+            ..handle(vec![])
+        };
+        fleet
+            .backends
+            .store(Arc::new(vec![Arc::new(fast), Arc::new(slow)]));
+        let round = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.refresh().await }
+        });
+        // The fast backend's round is done long before this (it answers at once).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let fast = fleet.backends()[0].clone();
+        assert!(
+            fast.state.load().models.is_empty(),
+            "stored before the catalog"
+        );
+        assert!(fleet.catalog().get("m").is_none());
+        open.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), round)
+            .await
+            .expect("the round ends")
+            .unwrap();
+        assert!(fast.state.load().models["m"].ready);
+        assert_eq!(fleet.catalog().get("m").unwrap().ready.len(), 1);
     }
 }
