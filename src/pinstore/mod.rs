@@ -37,6 +37,9 @@ pub use redis_pins::pin_key;
 /// each wait for a timeout.
 const BACKOFF: Duration = Duration::from_secs(1);
 
+/// How long the connection operations use may take to come back after an outage, per try.
+const RECONNECT: Duration = Duration::from_millis(250);
+
 #[derive(Clone, Copy)]
 enum Op {
     Claim,
@@ -196,7 +199,17 @@ impl PinStore {
                 continue;
             }
             match s.redis.probe(s.timeout.max(BACKOFF)).await {
-                Ok(()) => s.mark_up(),
+                // A new connection answers; the one operations use must too, or the first
+                // writes after the outage fail on what it still holds from it. If it does
+                // not yet, the next probe tries again.
+                Ok(()) => {
+                    if s.redis.reconnect(s.timeout.max(RECONNECT)).await.is_ok() {
+                        s.mark_up();
+                        // At once: a start served during the outage is the newest word on
+                        // its id, and other replicas read the store.
+                        s.write_back(&pins).await;
+                    }
+                }
                 Err(e) if !cause_logged => {
                     cause_logged = true;
                     tracing::warn!(url = %s.url, error = %e, "the pin store does not answer a new connection either");

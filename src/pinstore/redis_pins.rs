@@ -168,6 +168,24 @@ impl RedisPins {
             .map_err(|_| format!("no answer within {} ms", wait.as_millis()))?
     }
 
+    /// Sends PING through the connection that operations use, up to three times, each
+    /// within `wait`. After an outage that connection may still hold the failure of its last
+    /// reconnection, which the next operation gets even though Redis answers again; a failed
+    /// PING makes it reconnect, and the next one goes over the new connection.
+    pub async fn reconnect(&self, wait: Duration) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let mut conn = self.conn.clone();
+            let cmd = redis::cmd("PING");
+            match tokio::time::timeout(wait, cmd.query_async::<String>(&mut conn)).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = format!("no answer within {} ms", wait.as_millis()),
+            }
+        }
+        Err(last)
+    }
+
     pub fn key(&self, model: &str, id: &SequenceId) -> String {
         pin_key(&self.prefix, model, id)
     }
