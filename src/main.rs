@@ -134,7 +134,6 @@ fn init_logging(level: &str, format: LogFormat) -> tensorgate::logwriter::FlushG
     let from_env = std::env::var("RUST_LOG").ok();
     let (filter, refused) = match from_env.as_deref() {
         None => (level.to_string(), None),
-        Some(env) if env.trim().is_empty() => (level.to_string(), None),
         Some(env) => match tensorgate::config::check_log_filter(env) {
             Ok(()) => (env.to_string(), None),
             Err(why) => (level.to_string(), Some((env.to_string(), why))),

@@ -691,7 +691,8 @@ pub fn unreadable_files(config: &Config, text: &str) -> Vec<ConfigError> {
         .collect();
     errors.extend(errors_dirs);
     if let Ok(doc) = toml_edit::ImDocument::parse(text) {
-        for e in &mut errors {
+        // An error that has its line keeps it: its message need not start with its key.
+        for e in errors.iter_mut().filter(|e| e.line.is_none()) {
             e.line = line_of_key(&doc, &e.message);
         }
     }
@@ -965,6 +966,16 @@ mod tests {
                 "line 2: auth.tokens_file: cannot read /nonexistent/tokens: No such file or directory (os error 2)",
                 "line 4: models.m.labels.OUT: cannot read /nonexistent/labels.txt: No such file or directory (os error 2)"
             ]
+        );
+        let text = "[server]\nlisten = \"127.0.0.1:0\"\n\n[[backends]]\nname = \"x\"\nurl = \"builtin\"\nmodel_repository = \"/nonexistent\"\n";
+        let c = parse_and_check(text).unwrap();
+        let e: Vec<String> = unreadable_files(&c, text)
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(
+            e,
+            ["line 7: backend 'x': model_repository /nonexistent is not a directory"]
         );
         let embedded = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
         // The embedded config names label files relative to the repository root, where
