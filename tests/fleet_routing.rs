@@ -120,7 +120,7 @@ async fn sequences_keep_one_backend_across_three_serve_processes() {
 /// A `sequence_id` sent to a model whose backends state it keeps no sequence state (the
 /// workers' `simple`; tritonclient sends one to any model it is given) pins nothing: the
 /// sequence's requests are balanced like any others. One sent to `accumulate`, a sequence
-/// model, is pinned.
+/// model, is pinned, and a request to it without one is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_model_that_keeps_sequence_state_pins_its_sequences() {
     let workers = Worker::start_many(2, SEQ_MODELS).await;
@@ -149,6 +149,20 @@ async fn only_a_model_that_keeps_sequence_state_pins_its_sequences() {
     }
     assert_eq!(seen.len(), 2, "40 requests went to {seen:?} only");
     assert_eq!(gw.gateway.router.pins.len(), 0);
+    // Every backend says accumulate keeps sequence state: a request without an id is the
+    // gateway's 400, in Triton's words, and reaches no backend.
+    let bare =
+        json!({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]});
+    let r = post_infer(&client, &b, "accumulate", &bare).await;
+    assert_eq!(
+        (r.status, r.error(), r.backend.as_deref()),
+        (
+            400,
+            Some("inference request to model 'accumulate' must specify a non-zero or non-empty correlation ID"),
+            None
+        ),
+        "{r:?}"
+    );
     let first = accumulate(&client, &b, 7, true, false, 5).await;
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(gw.gateway.router.pins.len(), 1);

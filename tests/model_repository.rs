@@ -468,9 +468,23 @@ async fn load_and_unload_fan_out_through_a_gateway() {
         let client = &client;
         async move { post_json(client, &url, &json!({})).await }
     };
-    // A request may go to either: the batch both take is the smaller limit.
+    // A request may go to either: the batch both take is the smaller limit, which the
+    // gateway enforces whichever would get the request.
     let (_, mlp_config) = get_json(&client, &format!("{base}/v2/models/mlp/config")).await;
     assert_eq!(mlp_config["max_batch_size"], 4, "{mlp_config}");
+    let six = json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [6, 16], "data": vec![0.5; 96]}]});
+    for _ in 0..6 {
+        let r = post_infer(&client, &base, "mlp", &six).await;
+        assert_eq!(
+            (r.status, r.error(), r.backend.as_deref()),
+            (
+                400,
+                Some("input 'INPUT': batch size 6 exceeds the model's max_batch_size 4"),
+                None
+            ),
+            "{r:?}"
+        );
+    }
 
     // A model both repositories gain: loaded everywhere, served at once (the refresh
     // interval is a minute: the load itself refreshed the catalog).
@@ -1537,6 +1551,46 @@ async fn a_version_goes_to_the_backends_that_have_it() {
             served_by(&client, &url, &body, version, backend, &what).await;
         }
     }
+    // `a` goes down: version 1 is no longer listed, and a request for it is a 503 that names
+    // its backend, never sent to `b`, which does not have it.
+    let mut a = a;
+    a.process.kill();
+    for _ in 0..3 {
+        // Each refresh counts one failed check; the default threshold is three.
+        gw.gateway.fleet.refresh().await;
+    }
+    let (_, metadata) = get_json(&client, &format!("{}/v2/models/mlp", base(&gw))).await;
+    assert_eq!(metadata["versions"], json!(["2"]), "{metadata}");
+    let r = client
+        .post(format!("{}/v2/models/mlp/versions/1/infer", base(&gw)))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().get("x-tensorgate-backend").is_none());
+    let error = r.json::<Value>().await.unwrap()["error"].clone();
+    assert!(
+        error.as_str().unwrap().starts_with(
+            "model 'mlp' version 1 is served only by backends that are not ready: backend 'a' ("
+        ),
+        "{error}"
+    );
+    let (status, _) = get_json(
+        &client,
+        &format!("{}/v2/models/mlp/versions/1/ready", base(&gw)),
+    )
+    .await;
+    assert_eq!(status, 503);
+    served_by(
+        &client,
+        &format!("{}/v2/models/mlp/infer", base(&gw)),
+        &body,
+        "2",
+        "b",
+        "no version",
+    )
+    .await;
     gw.shutdown().await;
 }
 
@@ -1733,11 +1787,20 @@ async fn a_gateway_knows_what_a_workers_configuration_states() {
             (&json!([3]), &json!(["9:7", "8:6", "7:5"])),
             "{at}: {reply}"
         );
+        // Counted under version 2, which ran (the latest), not the first listed.
         let (_, stats) = get_json(&client, &format!("{at}/v2/models/intbool/stats")).await;
-        let s = &stats["model_stats"][0];
+        let counts: Vec<(&Value, &Value, &Value)> = stats["model_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (&s["version"], &s["inference_count"], &s["execution_count"]))
+            .collect();
         assert_eq!(
-            (&s["inference_count"], &s["execution_count"]),
-            (&json!(1), &json!(1)),
+            counts,
+            [
+                (&json!("1"), &json!(0), &json!(0)),
+                (&json!("2"), &json!(1), &json!(1))
+            ],
             "{at}: {stats}"
         );
     }

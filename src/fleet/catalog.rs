@@ -28,10 +28,16 @@ pub struct CatalogEntry {
     /// that states a `max_batch_size` says (v2 metadata shows a leading -1 either way).
     /// `None`: no backend says.
     pub batches: Option<bool>,
+    /// The smallest `max_batch_size` above 0 that a ready backend states: a request may go
+    /// to any of them, and the model's configuration advertises it.
+    pub max_batch_size: Option<u32>,
     /// Every ready backend states the model's configuration, and none runs it as a sequence
     /// model: a `sequence_id` sent to it is balanced like any request, not pinned. A backend
     /// that states nothing (MLServer, KServe) may keep state, so its sequences are pinned.
     pub stateless: bool,
+    /// Every ready backend states the model keeps sequence state (`sequence_batching`): a
+    /// request without a `sequence_id` is refused by the gateway, as each of them would.
+    pub needs_sequence_id: bool,
 }
 
 pub use crate::routing::table::PastTable;
@@ -60,6 +66,23 @@ impl CatalogEntry {
             table: &self.table,
             history: &self.history,
         }
+    }
+
+    /// The largest batch a request for `version` (or any version) may carry: the smallest
+    /// `max_batch_size` that the ready backends it may go to state.
+    pub fn max_batch_size_for(&self, model: &str, version: Option<&str>) -> Option<u32> {
+        let Some(v) = version else {
+            return self.max_batch_size;
+        };
+        self.ready
+            .iter()
+            .filter(|h| h.lists_version(model, v) != Some(false))
+            .filter_map(|h| {
+                let state = h.state.load();
+                let n = state.models.get(model)?.stated.as_ref()?.max_batch_size?;
+                (n > 0).then_some(n)
+            })
+            .min()
     }
 }
 
@@ -104,7 +127,9 @@ impl Catalog {
                     history: Vec::new(),
                     mixed_tensors: false,
                     batches: None,
+                    max_batch_size: None,
                     stateless: true,
+                    needs_sequence_id: true,
                 });
                 if m.ready {
                     let stated = m.stated.as_ref();
@@ -112,10 +137,14 @@ impl Catalog {
                         .batches
                         .or_else(|| stated?.max_batch_size.map(|n| n > 0));
                     entry.stateless &= stated.is_some_and(|s| !s.sequence_batching);
+                    entry.needs_sequence_id &= stated.is_some_and(|s| s.sequence_batching);
+                    if let Some(n) = stated.and_then(|s| s.max_batch_size).filter(|n| *n > 0) {
+                        entry.max_batch_size = Some(entry.max_batch_size.map_or(n, |m| m.min(n)));
+                    }
                     if entry.ready.is_empty() {
-                        if !m.metadata.same_tensors(&entry.metadata) {
-                            entry.metadata = Arc::new(m.metadata.clone());
-                        }
+                        // Versions included: a backend that is not ready may list a
+                        // version no ready backend serves.
+                        entry.metadata = Arc::new(m.metadata.clone());
                     } else if !m.metadata.same_tensors(&entry.metadata) {
                         entry.mixed_tensors = true;
                     }
@@ -126,6 +155,7 @@ impl Catalog {
         }
         for (name, e) in models.iter_mut() {
             e.stateless &= !e.ready.is_empty();
+            e.needs_sequence_id &= !e.ready.is_empty();
             union_versions(
                 name,
                 e,
@@ -331,21 +361,45 @@ mod tests {
         let built = || {
             let c = Catalog::build(&hs, &Catalog::default(), SIZE, window);
             let e = c.get("m").unwrap();
-            (e.stateless, e.batches)
+            (
+                e.stateless,
+                e.batches,
+                e.needs_sequence_id,
+                e.max_batch_size,
+            )
         };
-        assert_eq!(built(), (false, None), "nothing stated");
+        assert_eq!(built(), (false, None, false, None), "nothing stated");
         state(&hs[0], says(None, false), true);
-        assert_eq!(built(), (false, None), "b states nothing");
+        assert_eq!(built(), (false, None, false, None), "b states nothing");
         state(&hs[1], says(Some(0), false), true);
-        assert_eq!(built(), (true, Some(false)));
+        assert_eq!(built(), (true, Some(false), false, None));
         state(&hs[0], says(Some(8), false), true);
-        assert_eq!(built(), (true, Some(true)), "a's word, first in order");
+        assert_eq!(
+            built(),
+            (true, Some(true), false, Some(8)),
+            "a's word, first in order"
+        );
         state(&hs[1], says(Some(0), true), true);
-        assert_eq!(built(), (false, Some(true)), "b keeps sequence state");
+        assert_eq!(
+            built(),
+            (false, Some(true), false, Some(8)),
+            "b keeps sequence state"
+        );
         state(&hs[1], None, false);
-        assert_eq!(built(), (true, Some(true)), "only ready backends count");
+        assert_eq!(
+            built(),
+            (true, Some(true), false, Some(8)),
+            "only ready backends count"
+        );
         state(&hs[0], says(Some(8), false), false);
-        assert_eq!(built(), (false, None), "none ready");
+        assert_eq!(built(), (false, None, false, None), "none ready");
+        state(&hs[0], says(Some(8), true), true);
+        state(&hs[1], says(Some(4), true), true);
+        assert_eq!(
+            built(),
+            (false, Some(true), true, Some(4)),
+            "both keep state; the smaller limit"
+        );
     }
 
     /// A rolling update: each backend lists its own versions; the model lists them all, in

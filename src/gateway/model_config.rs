@@ -21,12 +21,14 @@ pub fn model_config(
 ) -> Result<pb::ModelConfig, GatewayError> {
     let entry = lookup(gw, model, version)?;
     let mut config = from_metadata(&entry.metadata, &gw.labels.load());
-    // What each backend that serves it stated when the fleet last asked: a request may go
-    // to any of them, so the batch every one takes is the smallest they state, and a model
-    // that one of them runs as a sequence model is one (its requests need sequence ids).
+    // What each backend that serves it (the version asked for) stated when the fleet last
+    // asked: a request may go to any of them, so the batch every one takes is the smallest
+    // they state, and a model that one of them runs as a sequence model is one (its requests
+    // need sequence ids).
     let stated: Vec<StatedConfig> = entry
         .ready
         .iter()
+        .filter(|h| version.is_none_or(|v| h.lists_version(model, v) != Some(false)))
         .filter_map(|h| h.state.load().models.get(model)?.stated.clone())
         .collect();
     // Every leading dimension is -1, which v2 metadata also shows for a model that does not

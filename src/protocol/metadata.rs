@@ -49,13 +49,22 @@ impl ModelMetadata {
     }
 
     /// The version label of a request for this model (metrics and statistics): the version it
-    /// asked for, else the first the model lists, else none (`""`). Callers check first that
-    /// an asked version is listed, so that label values stay bounded.
+    /// asked for, else the one a request without a version runs, else none (`""`). Callers
+    /// check first that an asked version is listed, so that label values stay bounded.
     pub fn version_label(&self, asked: Option<&str>) -> String {
         asked
-            .or(self.versions.first().map(String::as_str))
+            .or(self.latest_version())
             .unwrap_or_default()
             .to_string()
+    }
+
+    /// The version a request without one runs, as Triton (and a tensorgate worker) picks it:
+    /// the highest number the model lists; among versions that are not numbers, the last.
+    pub fn latest_version(&self) -> Option<&str> {
+        self.versions
+            .iter()
+            .max_by_key(|v| v.parse::<u64>().ok())
+            .map(String::as_str)
     }
 
     /// Reads a backend's `GET /v2/models/{name}` answer, and says what it had to forgive.
@@ -130,8 +139,12 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
         };
-        assert_eq!(m.version_label(Some("4")), "4");
-        assert_eq!(m.version_label(None), "3");
+        assert_eq!(m.version_label(Some("3")), "3");
+        assert_eq!(m.version_label(None), "4", "the latest, which runs");
+        m.versions = vec!["10".into(), "9".into()];
+        assert_eq!(m.version_label(None), "10");
+        m.versions = vec!["a".into(), "b".into()];
+        assert_eq!(m.version_label(None), "b");
         m.versions.clear();
         assert_eq!(m.version_label(None), "");
     }

@@ -25,4 +25,4 @@ pub use metadata::{ModelMetadata, ServerMetadata, TensorMetadata};
 pub use params::{OutputOptions, ParamValue, Parameters, RequestOptions, SequenceId};
 pub use tensor::Tensor;
 pub use tolerance::{Tolerance, Tolerated};
-pub use validate::validate_request;
+pub use validate::{check_max_batch_size, validate_request};

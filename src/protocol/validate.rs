@@ -10,6 +10,20 @@ fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
     it.collect::<Vec<_>>().join(", ")
 }
 
+/// Checks each input's batch dimension (its first) against the model's `max_batch_size`,
+/// for a model whose tensors start with one.
+pub fn check_max_batch_size(req: &InferRequest, max_batch_size: u32) -> Result<()> {
+    for t in &req.inputs {
+        if let Some(&batch) = t.shape.first().filter(|b| **b > u64::from(max_batch_size)) {
+            return Err(ProtocolError::invalid(format!(
+                "input '{}': batch size {batch} exceeds the model's max_batch_size {max_batch_size}",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks input names, datatypes, ranks and fixed dimensions, that every input is present,
 /// and that every requested output exists. A model with no declared signature (see
 /// `ModelMetadata::has_signature`) passes.

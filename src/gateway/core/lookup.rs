@@ -74,6 +74,28 @@ fn find(
             ..entry.clone()
         });
     }
+    // A version only backends that are not ready list: theirs to serve again.
+    let down: Vec<String> = gw
+        .fleet
+        .backends()
+        .iter()
+        .filter_map(|h| {
+            let state = h.state.load();
+            let m = state.models.get(model)?;
+            (!m.ready && m.metadata.versions.iter().any(|x| x == v)).then(|| {
+                match &state.last_error {
+                    Some(why) => format!("backend '{}' ({why})", h.name),
+                    None => format!("backend '{}'", h.name),
+                }
+            })
+        })
+        .collect();
+    if !down.is_empty() {
+        return Err(GatewayError::Unavailable(format!(
+            "model '{model}' version {v} is served only by backends that are not ready: {}",
+            down.join(", ")
+        )));
+    }
     // A version a repository has but cannot serve (it failed to load) is named with why.
     let (reasons, loading) = unavailable(gw, model, Some(v));
     if reasons.is_empty() {

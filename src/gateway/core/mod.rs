@@ -38,7 +38,10 @@ use crate::error::GatewayError;
 pub use crate::fleet::pool::BackendBody;
 use crate::fleet::CatalogEntry;
 use crate::protocol::params::RequestOptions;
-use crate::protocol::{validate_request, InferRequest, InferResponse, ModelMetadata};
+use crate::protocol::{
+    check_max_batch_size, validate_request, InferRequest, InferResponse, ModelMetadata,
+    ProtocolError,
+};
 
 pub use lookup::{lookup, lookup_for_readiness};
 
@@ -120,6 +123,19 @@ pub async fn infer(
         .map(crate::routing::describe_sequence);
     let validating = super::observe::Phase::start();
     validate_request(req, &entry.metadata)?;
+    if entry.needs_sequence_id && req.options.sequence_id.is_none() {
+        // Triton's words, which its clients know.
+        return Err(ProtocolError::invalid(format!(
+            "inference request to model '{}' must specify a non-zero or non-empty correlation ID",
+            ctx.model
+        ))
+        .into());
+    }
+    if entry.batches == Some(true) {
+        if let Some(n) = entry.max_batch_size_for(ctx.model, ctx.version) {
+            check_max_batch_size(req, n)?;
+        }
+    }
     obs.batch = Some(batch_size(req, &entry.metadata, entry.batches));
     let mut headers = http::HeaderMap::new();
     let trace = traceparent(ctx.traceparent);

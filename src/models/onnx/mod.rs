@@ -217,19 +217,8 @@ impl OnnxModel {
         if self.max_batch_size == 0 {
             return Ok(());
         }
-        for t in &req.inputs {
-            if let Some(&batch) = t
-                .shape
-                .first()
-                .filter(|b| **b > u64::from(self.max_batch_size))
-            {
-                return Err(ModelError::Invalid(format!(
-                    "input '{}': batch size {batch} exceeds the model's max_batch_size {}",
-                    t.name, self.max_batch_size
-                )));
-            }
-        }
-        Ok(())
+        crate::protocol::check_max_batch_size(req, self.max_batch_size)
+            .map_err(|e| ModelError::Invalid(e.message().to_string()))
     }
 
     /// An input's shape as the model takes it: the request's, or config.pbtxt's `reshape`
