@@ -954,27 +954,23 @@ mod tests {
 
     #[test]
     fn files_that_cannot_be_read_are_named() {
-        let text = "[auth]\ntokens_file = \"/nonexistent/tokens\"\n[models.m]\nlabels = { OUT = \"/nonexistent/labels.txt\" }\n";
-        let c = parse_and_check(text).unwrap();
-        let e: Vec<String> = unreadable_files(&c, text)
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
+        let unreadable = |text: &str| -> Vec<String> {
+            let c = parse_and_check(text).unwrap();
+            unreadable_files(&c, text)
+                .iter()
+                .map(|e| e.to_string())
+                .collect()
+        };
         assert_eq!(
-            e,
+            unreadable("[auth]\ntokens_file = \"/nonexistent/tokens\"\n[models.m]\nlabels = { OUT = \"/nonexistent/labels.txt\" }\n"),
             [
                 "line 2: auth.tokens_file: cannot read /nonexistent/tokens: No such file or directory (os error 2)",
                 "line 4: models.m.labels.OUT: cannot read /nonexistent/labels.txt: No such file or directory (os error 2)"
             ]
         );
-        let text = "[server]\nlisten = \"127.0.0.1:0\"\n\n[[backends]]\nname = \"x\"\nurl = \"builtin\"\nmodel_repository = \"/nonexistent\"\n";
-        let c = parse_and_check(text).unwrap();
-        let e: Vec<String> = unreadable_files(&c, text)
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
+        // A directory's error has its line, which its message does not start with.
         assert_eq!(
-            e,
+            unreadable("[server]\nlisten = \"127.0.0.1:0\"\n\n[[backends]]\nname = \"x\"\nurl = \"builtin\"\nmodel_repository = \"/nonexistent\"\n"),
             ["line 7: backend 'x': model_repository /nonexistent is not a directory"]
         );
         let embedded = parse_and_check(crate::config::DEFAULT_CONFIG).unwrap();
