@@ -340,6 +340,31 @@ async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
             &json!("model 'mlp' has no version '1' (its versions are 2)")
         )
     );
+    // A load that leaves a version behind says so, as Triton's does (a deploy script must
+    // not take it as done); the versions that loaded serve.
+    let (status, body) = post_json(
+        &client,
+        &format!("{}/v2/repository/models/mlp/load", w.url),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            400,
+            &json!(format!(
+                "load of model 'mlp' failed: version 3: {} (versions 2 serve)",
+                mlp3["reason"].as_str().unwrap()
+            ))
+        ),
+        "{body}"
+    );
+    let (status, _) = get_json(
+        &client,
+        &format!("{}/v2/models/mlp/versions/2/ready", w.url),
+    )
+    .await;
+    assert_eq!(status, 200);
     assert_eq!(entry(&index, "intbool", "1").unwrap()["state"], "READY");
     assert_eq!(entry(&index, "simple", "1").unwrap()["state"], "READY");
     // Not served, and the error says why rather than that the name is unknown.

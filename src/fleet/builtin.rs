@@ -131,25 +131,36 @@ impl BuiltinBackend {
         // A built-in model of the same name serves on, but it is not this one: the
         // repository's model is unavailable, not a failed reload of a serving one.
         let serving = self.models.load().contains_key(name) && !state.repo.is_reserved(name);
+        let failed = |entries: &[IndexEntry]| {
+            entries
+                .iter()
+                .filter(|e| e.state != ModelState::Ready)
+                .map(|e| match &e.version {
+                    Some(v) => format!("version {v}: {}", e.reason),
+                    None => e.reason.clone(),
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
         match loaded.model {
             Some(model) => {
                 let mut models = (**self.models.load()).clone();
-                models.insert(name.to_string(), Slot::new(model));
+                models.insert(name.to_string(), Slot::new(model.clone()));
                 self.models.store(Arc::new(models));
+                let reason = failed(&loaded.entries);
                 set_index(state, name, loaded.entries);
-                tracing::info!(model = name, "model loaded");
-                Ok(())
+                if reason.is_empty() {
+                    tracing::info!(model = name, "model loaded");
+                    return Ok(());
+                }
+                // Some versions failed: the others serve, and the load says what failed
+                // (a deploy script must not read it as done), as Triton's does.
+                let serving = model.metadata().versions.join(", ");
+                tracing::warn!(model = name, %reason, versions = %serving, "model loaded, but not every version");
+                Err(format!("{reason} (versions {serving} serve)"))
             }
             None => {
-                let reason = loaded
-                    .entries
-                    .iter()
-                    .map(|e| match &e.version {
-                        Some(v) => format!("version {v}: {}", e.reason),
-                        None => e.reason.clone(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let reason = failed(&loaded.entries);
                 if serving {
                     set_index(
                         state,
