@@ -258,6 +258,10 @@ pub struct Fleet {
     pub ejection: EjectionPolicy,
     /// Serializes reconciliations (reload and DNS) so that they cannot interleave.
     reconcile_lock: tokio::sync::Mutex<()>,
+    /// Serializes refreshes (the periodic one, a load's, a reload's): each stores the
+    /// states it found and the catalog built from them, so a round that began earlier and
+    /// waited on a slow backend would otherwise store older news over newer.
+    refresh_lock: tokio::sync::Mutex<()>,
 }
 
 impl Fleet {
@@ -293,6 +297,7 @@ impl Fleet {
                 max: Duration::from_millis(config.fleet.eject_max_ms),
             },
             reconcile_lock: tokio::sync::Mutex::new(()),
+            refresh_lock: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -436,6 +441,7 @@ impl Fleet {
     /// Asks every backend, in parallel, for its metadata, models and readiness (the active
     /// health check), then rebuilds the catalog.
     pub async fn refresh(&self) {
+        let _one_at_a_time = self.refresh_lock.lock().await;
         let backends = self.backends.load_full();
         let threshold = self.unhealthy_after_checks;
         let rounds = backends
@@ -643,6 +649,27 @@ mod tests {
         assert!(!mlserver.binary);
     }
 
+    /// A list of ready models with these names, without tensors.
+    fn listing(names: &[&str]) -> ModelList {
+        ModelList {
+            models: names
+                .iter()
+                .map(|n| DiscoveredModel {
+                    metadata: ModelMetadata {
+                        name: n.to_string(),
+                        versions: vec![],
+                        platform: String::new(),
+                        inputs: vec![],
+                        outputs: vec![],
+                    },
+                    ready: true,
+                    stated: None,
+                })
+                .collect(),
+            ..ModelList::default()
+        }
+    }
+
     /// Answers readiness probes from a script, one entry per probe; lists one model, `m`,
     /// or the next of `lists` while there is one.
     struct Scripted(Mutex<Vec<Result<(), BackendError>>>, Mutex<Vec<ModelList>>);
@@ -672,21 +699,7 @@ mod tests {
                 if let Some(list) = scripted {
                     return Ok(list);
                 }
-                let models = vec![DiscoveredModel {
-                    metadata: ModelMetadata {
-                        name: "m".into(),
-                        versions: vec![],
-                        platform: String::new(),
-                        inputs: vec![],
-                        outputs: vec![],
-                    },
-                    ready: true,
-                    stated: None,
-                }];
-                Ok(ModelList {
-                    models,
-                    ..ModelList::default()
-                })
+                Ok(listing(&["m"]))
             })
         }
         fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
@@ -799,8 +812,8 @@ mod tests {
         assert!(h.state.load().models["m"].ready);
     }
 
-    /// Ready once its `Notify` is notified; lists nothing.
-    struct Gated(Arc<tokio::sync::Notify>);
+    /// Its first readiness probe waits for its `Notify`; the others answer at once.
+    struct Gated(Arc<tokio::sync::Notify>, AtomicBool);
 
     impl Backend for Gated {
         fn in_process(&self) -> bool {
@@ -820,7 +833,9 @@ mod tests {
         }
         fn ready(&self) -> BoxFuture<'_, Result<(), BackendError>> {
             Box::pin(async {
-                self.0.notified().await;
+                if self.1.swap(false, Ordering::SeqCst) {
+                    self.0.notified().await;
+                }
                 Ok(())
             })
         }
@@ -836,25 +851,7 @@ mod tests {
     /// missing), and was "unknown" (404).
     #[tokio::test]
     async fn a_refresh_stores_backend_states_after_its_catalog() {
-        let config = crate::config::parse_and_check("").unwrap();
-        let client = http::new_client(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            crate::tls::client_config(&Default::default()).unwrap(),
-        );
-        let resolver = Arc::new(discovery::StaticResolver(Default::default()));
-        let fleet = Arc::new(Fleet::new(&config, client, resolver, counter()));
-        let fast = handle(vec![Ok(())]);
-        let open = Arc::new(tokio::sync::Notify::new());
-        let slow = BackendHandle {
-            name: "slow".into(),
-            key: "http://slow".into(),
-            backend: Arc::new(Gated(open.clone())),
-            ..handle(vec![])
-        };
-        fleet
-            .backends
-            .store(Arc::new(vec![Arc::new(fast), Arc::new(slow)]));
+        let (fleet, open) = fleet_with_a_slow_backend(handle(vec![Ok(())]));
         let round = tokio::spawn({
             let fleet = fleet.clone();
             async move { fleet.refresh().await }
@@ -874,5 +871,62 @@ mod tests {
             .unwrap();
         assert!(fast.state.load().models["m"].ready);
         assert_eq!(fleet.catalog().get("m").unwrap().ready.len(), 1);
+    }
+
+    /// A fleet of `fast` and a backend whose first readiness probe waits for the `Notify`.
+    fn fleet_with_a_slow_backend(fast: BackendHandle) -> (Arc<Fleet>, Arc<tokio::sync::Notify>) {
+        let config = crate::config::parse_and_check("").unwrap();
+        let client = http::new_client(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            crate::tls::client_config(&Default::default()).unwrap(),
+        );
+        let resolver = Arc::new(discovery::StaticResolver(Default::default()));
+        let fleet = Arc::new(Fleet::new(&config, client, resolver, counter()));
+        let open = Arc::new(tokio::sync::Notify::new());
+        let slow = BackendHandle {
+            name: "slow".into(),
+            key: "http://slow".into(),
+            backend: Arc::new(Gated(open.clone(), AtomicBool::new(true))),
+            ..handle(vec![])
+        };
+        fleet
+            .backends
+            .store(Arc::new(vec![Arc::new(fast), Arc::new(slow)]));
+        (fleet, open)
+    }
+
+    /// Refreshes run one at a time: a round that began first and waits on a slow backend
+    /// cannot store its older news over a later round's (a load's own refresh, which found
+    /// the model it loaded).
+    #[tokio::test]
+    async fn a_later_refresh_is_not_undone_by_an_earlier_one() {
+        let fast = Arc::new(Scripted(
+            Mutex::new(vec![Ok(()), Ok(())]),
+            Mutex::new(vec![listing(&["m"]), listing(&["m", "new"])]),
+        ));
+        let (fleet, open) = fleet_with_a_slow_backend(scripted(fast));
+        let earlier = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.refresh().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let later = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.refresh().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open.notify_one();
+        for round in [earlier, later] {
+            tokio::time::timeout(Duration::from_secs(5), round)
+                .await
+                .expect("the round ends")
+                .unwrap();
+        }
+        assert!(
+            fleet.catalog().get("new").is_some(),
+            "the later round's news"
+        );
+        assert!(fleet.backends()[0].state.load().models.contains_key("new"));
     }
 }
