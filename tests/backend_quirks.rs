@@ -113,6 +113,19 @@ async fn answer(
             .collect();
             (200, Value::from(models).to_string())
         }
+        // Configurations that vouch for nothing: an ensemble's (Triton's has no room for
+        // sequence batching beside its ensemble scheduling, whatever its models keep), and
+        // the "unknown" limit another tensorgate answers.
+        ["", "models", "brain", "config"] => (
+            200,
+            json!({"name": "brain", "platform": "ensemble", "max_batch_size": 4,
+                   "ensemble_scheduling": {"step": []}})
+            .to_string(),
+        ),
+        ["", "models", "nonfinite", "config"] => (
+            200,
+            json!({"name": "nonfinite", "max_batch_size": 2147483647}).to_string(),
+        ),
         ["", "models", m] => match metadata(m) {
             Some(v) => (200, v.to_string()),
             None => (404, r#"{"error":"unknown model"}"#.to_string()),
@@ -353,4 +366,20 @@ async fn load_and_unload_reach_a_server_that_answers_the_index_without_listing_i
         ]
     );
     env.shutdown().await;
+}
+
+/// An ensemble's configuration states nothing, so a sequence sent to it stays pinned (one of
+/// its models may keep state); another tensorgate's "unknown" batch limit is no limit, and
+/// states that the model keeps no sequence state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configurations_that_cannot_vouch_state_nothing() {
+    let (addr, _) = start_backend(&[]).await;
+    let env = start_env(addr).await;
+    let catalog = env.gateway.gateway.fleet.catalog();
+    let stated = |m: &str| {
+        let e = catalog.get(m).unwrap();
+        (e.stateless, e.batches, e.max_batch_size)
+    };
+    assert_eq!(stated("brain"), (false, None, None));
+    assert_eq!(stated("nonfinite"), (true, None, None));
 }

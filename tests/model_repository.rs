@@ -353,7 +353,7 @@ async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
         (
             400,
             &json!(format!(
-                "load of model 'mlp' failed: version 3: {} (versions 2 serve)",
+                "load of model 'mlp' failed: version 3: {} (version 2 serves)",
                 mlp3["reason"].as_str().unwrap()
             ))
         ),

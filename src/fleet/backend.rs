@@ -201,6 +201,13 @@ pub struct InferCall<'a> {
     pub held: Reservation,
 }
 
+/// A batch dimension is what Triton shows as a leading -1 in v2 metadata when its
+/// `max_batch_size > 0`; the real limit is the backend's and v2 metadata does not carry it,
+/// so where no backend states one, a tensorgate server's configuration reports
+/// `max_batch_size` as the largest value (and the dims without the batch dimension, as
+/// Triton's config does). Read from another tensorgate, it states nothing.
+pub const UNKNOWN_MAX_BATCH: i32 = i32::MAX;
+
 /// The parts of a backend's model configuration the gateway's own repeats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatedConfig {

@@ -101,8 +101,12 @@ impl BuiltinBackend {
                 };
                 let served = |n: &String| state.only.as_ref().is_none_or(|o| o.contains(n));
                 for name in names.into_iter().filter(served) {
+                    // A model some of whose versions loaded serves; `load_one` said which
+                    // did not.
                     if let Err(e) = self.load_one(state, &name).await {
-                        tracing::error!(model = %name, error = %e, "model not loaded");
+                        if !self.models.load().contains_key(&name) {
+                            tracing::error!(model = %name, error = %e, "model not loaded");
+                        }
                     }
                 }
             })
@@ -155,9 +159,13 @@ impl BuiltinBackend {
                 }
                 // Some versions failed: the others serve, and the load says what failed
                 // (a deploy script must not read it as done), as Triton's does.
-                let serving = model.metadata().versions.join(", ");
-                tracing::warn!(model = name, %reason, versions = %serving, "model loaded, but not every version");
-                Err(format!("{reason} (versions {serving} serve)"))
+                let versions = &model.metadata().versions;
+                let serving = match versions.len() {
+                    1 => format!("version {} serves", versions[0]),
+                    _ => format!("versions {} serve", versions.join(", ")),
+                };
+                tracing::warn!(model = name, %reason, %serving, "model loaded, but not every version");
+                Err(format!("{reason} ({serving})"))
             }
             None => {
                 let reason = failed(&loaded.entries);

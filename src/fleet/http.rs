@@ -234,9 +234,22 @@ impl HttpBackend {
     async fn stated_config(&self, model: &str) -> Option<StatedConfig> {
         let path = format!("/v2/models/{}/config", path_segment(model));
         let config: serde_json::Value = self.get_json(&path).await.ok()?;
+        // An ensemble's configuration has no room for `sequence_batching` (Triton's
+        // scheduling choice is one or the other), though a model it runs may keep sequence
+        // state: it states nothing about sequences, and stays pinned.
+        if config
+            .get("ensemble_scheduling")
+            .is_some_and(|v| !v.is_null())
+            || config["platform"] == "ensemble"
+        {
+            return None;
+        }
         Some(StatedConfig {
+            // A tensorgate server's "don't know" (its answer for a model none of its own
+            // backends states a limit for) is not a limit.
             max_batch_size: config["max_batch_size"]
                 .as_u64()
+                .filter(|n| *n != super::backend::UNKNOWN_MAX_BATCH as u64)
                 .and_then(|n| u32::try_from(n).ok()),
             sequence_batching: config
                 .get("sequence_batching")

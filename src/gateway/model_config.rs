@@ -76,11 +76,7 @@ pub fn model_config(
     Ok(config)
 }
 
-/// A batch dimension is what Triton shows as a leading -1 in v2 metadata when its
-/// `max_batch_size > 0`; the real limit is the backend's and v2 metadata does not carry it,
-/// so a batching model reports `max_batch_size` as the largest value, and the dims without
-/// the batch dimension, as Triton's config does.
-pub const UNKNOWN_MAX_BATCH: i32 = i32::MAX;
+pub use crate::fleet::backend::UNKNOWN_MAX_BATCH;
 
 fn data_type(datatype: &str) -> i32 {
     let t = match DataType::parse(datatype) {

@@ -56,9 +56,10 @@ fn find(
     if versions.iter().any(|x| x == v) {
         return Ok(entry.clone());
     }
-    // The catalog's metadata is one backend's. During a rolling update another may serve
-    // the version already (or still), with tensors of its own: the request is checked
-    // against the metadata of a backend that lists it, and routing sends it only there.
+    // The catalog lists the versions of the ready backends that serve the tensors it
+    // shows. During a rolling update to other tensors, another may serve the version
+    // already (or still), with tensors of its own: the request is checked against the
+    // metadata of a backend that lists it, and routing sends it only there.
     let lister = entry.ready.iter().find_map(|h| {
         let state = h.state.load();
         let m = &state.models.get(model)?.metadata;
@@ -201,7 +202,11 @@ fn unavailable(gw: &Gateway, model: &str, version: Option<&str>) -> (Vec<String>
                 .unavailable
                 .iter()
                 .filter(|e| e.name == model)
-                .filter(|e| version.is_none() || e.version.as_deref() == version)
+                // An entry without a version (a load in progress, an unload) is the
+                // whole model's.
+                .filter(|e| {
+                    e.version.is_none() || version.is_none() || e.version.as_deref() == version
+                })
                 .map(|e| {
                     loading |= e.state == ModelState::Loading;
                     let version = match (version, e.version.as_deref()) {
