@@ -39,6 +39,18 @@ fn repository(tag: &str) -> TempDir {
     dir
 }
 
+/// Adds a policy to `repo`'s mlp that serves its latest two versions (Triton's default
+/// serves the latest only).
+fn serve_latest_two_versions_of_mlp(repo: &TempDir) {
+    let config = repo.path("mlp/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\nversion_policy: {{ latest {{ num_versions: 2 }} }}\n"),
+    )
+    .unwrap();
+}
+
 async fn worker(name: &str, repo: &Path) -> Worker {
     Worker::start_with(
         name,
@@ -111,13 +123,7 @@ fn assert_output_matches(case: &str, got: &Value, expected: &Value, rtol: f64, a
 async fn a_worker_computes_what_onnxruntime_computes() {
     let repo = repository("onnx-ref");
     // Both versions of mlp, where Triton's default policy would serve the latest only.
-    let config = repo.path("mlp/config.pbtxt");
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("{text}\nversion_policy: {{ latest {{ num_versions: 2 }} }}\n"),
-    )
-    .unwrap();
+    serve_latest_two_versions_of_mlp(&repo);
     let w = worker("w", &repo.0).await;
     let client = http_client();
     let reference: Value =
@@ -287,13 +293,7 @@ async fn reshaped_tensors_serve_the_shapes_config_pbtxt_gives() {
 async fn a_corrupt_model_is_unavailable_and_the_others_serve() {
     let repo = repository("onnx-broken");
     // mlp's version 3 is corrupt; versions 2 and 3 are the latest two.
-    let config = repo.path("mlp/config.pbtxt");
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("{text}\nversion_policy: {{ latest {{ num_versions: 2 }} }}\n"),
-    )
-    .unwrap();
+    serve_latest_two_versions_of_mlp(&repo);
     std::fs::create_dir_all(repo.path("mlp/3")).unwrap();
     std::fs::write(repo.path("mlp/3/model.onnx"), b"not a model").unwrap();
     let w = worker("w", &repo.0).await;

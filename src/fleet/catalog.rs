@@ -68,15 +68,24 @@ impl CatalogEntry {
         }
     }
 
+    /// The ready backends a request for `version` (or any version) may go to.
+    pub fn serving<'a>(
+        &'a self,
+        model: &'a str,
+        version: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Arc<BackendHandle>> + 'a {
+        self.ready
+            .iter()
+            .filter(move |h| version.is_none_or(|v| h.lists_version(model, v) != Some(false)))
+    }
+
     /// The largest batch a request for `version` (or any version) may carry: the smallest
     /// `max_batch_size` that the ready backends it may go to state.
     pub fn max_batch_size_for(&self, model: &str, version: Option<&str>) -> Option<u32> {
-        let Some(v) = version else {
+        if version.is_none() {
             return self.max_batch_size;
-        };
-        self.ready
-            .iter()
-            .filter(|h| h.lists_version(model, v) != Some(false))
+        }
+        self.serving(model, version)
             .filter_map(|h| {
                 let state = h.state.load();
                 let n = state.models.get(model)?.stated.as_ref()?.max_batch_size?;

@@ -26,9 +26,7 @@ pub fn model_config(
     // they state, and a model that one of them runs as a sequence model is one (its requests
     // need sequence ids).
     let stated: Vec<StatedConfig> = entry
-        .ready
-        .iter()
-        .filter(|h| version.is_none_or(|v| h.lists_version(model, v) != Some(false)))
+        .serving(model, version)
         .filter_map(|h| h.state.load().models.get(model)?.stated.clone())
         .collect();
     // Every leading dimension is -1, which v2 metadata also shows for a model that does not

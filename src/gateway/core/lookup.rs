@@ -83,12 +83,8 @@ fn find(
         .filter_map(|h| {
             let state = h.state.load();
             let m = state.models.get(model)?;
-            (!m.ready && m.metadata.versions.iter().any(|x| x == v)).then(|| {
-                match &state.last_error {
-                    Some(why) => format!("backend '{}' ({why})", h.name),
-                    None => format!("backend '{}'", h.name),
-                }
-            })
+            (!m.ready && m.metadata.versions.iter().any(|x| x == v))
+                .then(|| with_last_error(&h.name, &state))
         })
         .collect();
     if !down.is_empty() {
@@ -127,10 +123,7 @@ fn unknown(gw: &Gateway, model: &str) -> GatewayError {
         .filter_map(|h| {
             let state = h.state.load();
             // Never answered: a backend that did and went down keeps its server metadata.
-            (!state.reachable && state.server.is_none()).then(|| match &state.last_error {
-                Some(why) => format!("backend '{}' ({why})", h.name),
-                None => format!("backend '{}'", h.name),
-            })
+            (!state.reachable && state.server.is_none()).then(|| with_last_error(&h.name, &state))
         })
         .collect();
     // A DNS backend with no address yet (a headless Service before its first ready pod).
@@ -145,6 +138,14 @@ fn unknown(gw: &Gateway, model: &str) -> GatewayError {
         return GatewayError::NotFound(format!("unknown model '{model}'"));
     }
     GatewayError::Unavailable(not_yet_known(model, &unreached))
+}
+
+/// A backend named in an error, with why its last health check failed, if it did.
+fn with_last_error(name: &str, state: &crate::fleet::BackendState) -> String {
+    match &state.last_error {
+        Some(why) => format!("backend '{name}' ({why})"),
+        None => format!("backend '{name}'"),
+    }
 }
 
 /// Why `model` is not known yet, for the backends (described) that were never reached.
